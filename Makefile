@@ -1,0 +1,26 @@
+PY      := .venv/bin/python
+PIP     := .venv/bin/pip
+JOBS    ?= 2
+
+.PHONY: demo test conformance bench fuzz clean
+
+.venv: constraints.txt pyproject.toml
+	python3 -m venv .venv
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[test]'
+	touch .venv
+
+demo: .venv
+	$(PY) -m xla_compat.demo
+
+test: .venv
+	$(PY) -m pytest -q -n $(JOBS) -m "not slow" tests
+
+conformance: .venv
+	$(PY) -m tests.conformance.run --full
+
+bench: .venv
+	$(PY) benchmarks/run.py --out benchmarks/RESULTS.md
+
+clean:
+	rm -rf .venv build *.egg-info

@@ -1,0 +1,1 @@
+"""The legacy path: the in-house view/alias tracker (xla_compat.legacy)."""

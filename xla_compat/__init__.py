@@ -1,0 +1,61 @@
+"""xla_compat: run PyTorch programs on an XLA executor, on the legacy or the functional path.
+
+    import torch, xla_compat as xc
+    dev = xc.device()
+    x = torch.randn(4, 4, device=dev)
+    y = x.t().mul_(2)
+    xc.sync()
+"""
+from __future__ import annotations
+
+from . import _jax  # noqa: F401  (configures jax: x64)
+from . import device as _device
+from . import executor as _executor
+from . import lowering as _lowering
+from . import metrics
+from .lazy import rng as _rng
+from .lazy.tensor import LazyTensor
+from .lazy.tracer import LoweringError, UnsupportedOpError
+
+__version__ = "0.1.0"
+
+_lowering.load_all()
+_device.register()
+
+
+def device(index: int = 0):
+    """The hlo device, ``torch.device("hlo:0")``."""
+    return _device.device(index)
+
+
+def sync(tensors=None, wait: bool = False) -> None:
+    """Cut the pending graph, compile it (cached) and run it: torch_xla's ``mark_step``."""
+    from . import paths
+    paths.before_sync(tensors)
+    inner = paths.inner_tensors(tensors) if tensors is not None else None
+    _executor.sync_tensors(inner, mark_step=tensors is None)
+    if wait:
+        _executor.wait_device_ops()
+
+
+mark_step = sync
+
+
+def hlo_text(tensors) -> str:
+    """StableHLO text of the graph that computes ``tensors`` (nothing runs)."""
+    from . import paths
+    paths.before_sync(tensors)
+    return _executor.hlo_text(paths.inner_tensors(tensors))
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the device RNG (``torch.manual_seed`` does this too)."""
+    _rng.manual_seed(seed)
+
+
+def wait_device_ops() -> None:
+    _executor.wait_device_ops()
+
+
+__all__ = ["device", "sync", "mark_step", "hlo_text", "manual_seed", "metrics", "LazyTensor",
+           "LoweringError", "UnsupportedOpError", "wait_device_ops"]

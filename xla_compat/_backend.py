@@ -1,0 +1,44 @@
+"""Registers PyTorch's PrivateUse1 key as the ``hlo`` device, once, at import."""
+from __future__ import annotations
+
+import types
+
+import torch
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+NAME = "hlo"
+
+
+class _BackendModule(types.ModuleType):
+    """``torch.hlo``: what torch expects of a backend module (seeding, availability)."""
+
+    def is_available(self):
+        return True
+
+    def device_count(self):
+        return 1
+
+    def current_device(self):
+        return 0
+
+    def _is_in_bad_fork(self):
+        return False
+
+    def manual_seed_all(self, seed):
+        from .lazy import rng
+        rng.manual_seed(seed)
+
+    manual_seed = manual_seed_all
+
+    def is_initialized(self):
+        return True
+
+    def get_amp_supported_dtype(self):
+        return [torch.bfloat16, torch.float16]
+
+    def _lazy_init(self):
+        pass
+
+
+if torch._C._get_privateuse1_backend_name() != NAME:
+    _setup_privateuseone_for_python_backend(NAME, backend_module=_BackendModule(f"torch.{NAME}"))

@@ -1,0 +1,426 @@
+"""The executor: cut the pending graph, look it up in the compile cache, run it, rebind outputs.
+
+A graph is keyed by its structure (ops, rules, static arguments, shapes and dtypes, which leaf
+feeds which input, which inputs are donated); device data and changing Python scalars are
+parameters, never constants. A miss builds a jax function from the lowering rules and compiles
+it with ``jax.jit``. A failure anywhere leaves every tensor with the value it had before.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+import jax
+
+from . import metrics, settings
+from .lazy import ir, rng
+from .lazy.ir import DeviceData, Node, Poisoned, ScalarParam, Value
+from .lazy.tensor import LazyTensor, live_tensors, lock
+from .lazy.tracer import LoweringError, fill
+from .lowering.registry import Rule
+
+# Extra holders of Values outside LazyTensor._value (the legacy alias bases register here);
+# a buffer any holder still points at is never donated.
+_holders: list = []
+
+
+def register_value_holder(fn) -> None:
+    """``fn()`` yields Values kept alive outside tensors; their buffers are never donated."""
+    _holders.append(fn)
+
+
+_rebinders: list = []
+
+
+def register_rebinder(fn) -> None:
+    """``fn(mapping)`` is called after a sync with {id(old Node): {index: new Value}}."""
+    _rebinders.append(fn)
+
+
+# ----------------------------------------------------------------------------------------------
+# Graph collection.
+
+@dataclass
+class Graph:
+    """The nodes computing ``roots`` in topological order, and its cache key."""
+
+    nodes: list           # non-leaf nodes, inputs first
+    leaves: list          # leaf nodes (DeviceData / ScalarParam), in parameter order
+    roots: list           # root Values, in output order
+    slot: dict            # id(node) -> position (leaves: parameter index; nodes: env index)
+    donate: tuple         # parameter indices donated
+    key: tuple
+
+
+def collect(roots: list[Value], donatable=frozenset()) -> Graph:
+    slot: dict[int, int] = {}
+    nodes: list[Node] = []
+    leaves: list[Node] = []
+    entries: list = []
+    for root in roots:
+        if id(root.node) in slot:
+            continue
+        stack = [(root.node, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in slot:
+                continue
+            if node.is_leaf:
+                if type(node) is Poisoned:
+                    raise node.error
+                slot[id(node)] = len(leaves)
+                leaves.append(node)
+                continue
+            if not expanded:
+                stack.append((node, True))
+                for v in reversed(node.inputs):
+                    if id(v.node) not in slot:
+                        stack.append((v.node, False))
+                continue
+            slot[id(node)] = len(nodes)
+            nodes.append(node)
+    leaf_key = []
+    donate = []
+    for i, leaf in enumerate(leaves):
+        d = type(leaf) is DeviceData and id(leaf) in donatable
+        if d:
+            donate.append(i)
+        leaf_key.append((leaf.signature(), d))
+    for node in nodes:
+        ins = tuple(
+            ("p" if v.node.is_leaf else "n", slot[id(v.node)], v.index) for v in node.inputs)
+        entries.append((node.op, node.rule, node.args, node.kwargs, node.avals, ins))
+    root_key = tuple(("p" if v.node.is_leaf else "n", slot[id(v.node)], v.index) for v in roots)
+    key = (tuple(leaf_key), tuple(entries), root_key)
+    return Graph(nodes, leaves, list(roots), slot, tuple(donate), key)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building the jax function.
+
+def _call_rule(node: Node, ins: list):
+    rule = node.rule
+    args = fill(node.args, ins)
+    kwargs = {k: fill(v, ins) for k, v in node.kwargs}
+    if isinstance(rule, Rule):
+        n_out = len(node.avals)
+        if rule.random:
+            *args, state = args
+            key = jax.random.wrap_key_data(state)
+            nxt, sub = jax.random.split(key)
+            kwargs["key"] = sub
+            n_out -= 1
+        if rule.meta:
+            structs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in node.avals[:n_out])
+            kwargs["aval"] = structs[0] if n_out == 1 else structs
+        out = rule.fn(*args, **kwargs)
+        # None stands for an undefined tensor output (e.g. a gradient not asked for).
+        out = [o for o in out if o is not None] if isinstance(out, (list, tuple)) else [out]
+        if rule.random:
+            out.append(jax.random.key_data(nxt))
+    else:
+        out = rule(*args, **kwargs)
+        out = list(out) if isinstance(out, (list, tuple)) else [out]
+    return out
+
+
+def _check_outputs(node: Node, out: list) -> list:
+    from .lowering._helpers import cast
+    if len(out) != len(node.avals):
+        raise LoweringError(f"rule returned {len(out)} outputs, PyTorch expects "
+                            f"{len(node.avals)}")
+    fixed = []
+    for o, aval in zip(out, node.avals):
+        if tuple(o.shape) != tuple(aval.shape):
+            raise LoweringError(f"rule produced shape {tuple(o.shape)}, PyTorch expects "
+                                f"{tuple(aval.shape)}")
+        fixed.append(o if o.dtype == aval.dtype else cast(o, aval.dtype))
+    return fixed
+
+
+def _describe_inputs(node: Node) -> str:
+    return ", ".join(f"{v.aval.dtype}{list(v.aval.shape)}" for v in node.inputs
+                     if type(v.node) is not ScalarParam) or "no tensors"
+
+
+def build_function(graph: Graph):
+    """A Python function of the leaves computing the roots (what jax.jit traces)."""
+    nodes, slot, roots = graph.nodes, graph.slot, graph.roots
+
+    def run(*params):
+        env: list = [None] * len(nodes)
+
+        def get(v: Value):
+            if v.node.is_leaf:
+                return params[slot[id(v.node)]]
+            return env[slot[id(v.node)]][v.index]
+
+        for i, node in enumerate(nodes):
+            ins = [get(v) for v in node.inputs]
+            try:
+                env[i] = _check_outputs(node, _call_rule(node, ins))
+            except LoweringError as e:
+                if getattr(e, "xla_compat_node", None) is None:
+                    raise _lowering_error(node, e) from e
+                raise
+            except Exception as e:
+                raise _lowering_error(node, e) from e
+        return [get(v) for v in roots]
+
+    return run
+
+
+def _lowering_error(node: Node, e: BaseException) -> LoweringError:
+    err = LoweringError(
+        f"xla_compat: lowering {node.op} failed: {type(e).__name__}: {e}\n"
+        f"  inputs: {_describe_inputs(node)}\n"
+        f"  created at {node.where()}")
+    err.xla_compat_node = node
+    return err
+
+
+# ----------------------------------------------------------------------------------------------
+# The compile cache.
+
+class CompileCache:
+    """An LRU map from graph keys to compiled executables."""
+
+    def __init__(self):
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            fn = self._entries.get(key)
+            if fn is not None:
+                self._entries.move_to_end(key)
+            return fn
+
+    def put(self, key, compiled) -> None:
+        limit = settings.get().compile_cache_size
+        with self._lock:
+            self._entries[key] = compiled
+            self._entries.move_to_end(key)
+            while len(self._entries) > limit:
+                self._entries.popitem(last=False)
+                metrics.inc("CompileCacheEviction")
+
+    def __len__(self):
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+cache = CompileCache()
+
+
+def _params(graph: Graph) -> list:
+    return [leaf.array if type(leaf) is DeviceData else leaf.value for leaf in graph.leaves]
+
+
+def compile_graph(graph: Graph, params: list):
+    fn = build_function(graph)
+    start = time.perf_counter_ns()
+    jitted = jax.jit(fn, donate_argnums=graph.donate)
+    lowered = jitted.lower(*params)
+    compiled = lowered.compile()
+    metrics.sample("CompileTime", time.perf_counter_ns() - start)
+    dump = settings.get().dump_path
+    if dump:
+        _dump(dump, graph, lowered)
+    return compiled
+
+
+def _dump(path: str, graph: Graph, lowered) -> None:
+    with open(path, "a") as f:
+        f.write(f"## graph with {len(graph.nodes)} nodes, {len(graph.leaves)} parameters, "
+                f"donated {list(graph.donate)}\n")
+        f.write(ir_text(graph))
+        f.write("\n## StableHLO\n")
+        f.write(lowered.as_text())
+        f.write("\n\n")
+
+
+def ir_text(graph: Graph) -> str:
+    lines = []
+    for i, leaf in enumerate(graph.leaves):
+        a = leaf.avals[0]
+        kind = "data" if type(leaf) is DeviceData else "scalar"
+        lines.append(f"  %p{i} = {kind} {a.dtype}{list(a.shape)}")
+    for i, node in enumerate(graph.nodes):
+        ins = ", ".join(
+            (f"%p{graph.slot[id(v.node)]}" if v.node.is_leaf else f"%{graph.slot[id(v.node)]}")
+            + (f".{v.index}" if len(v.node.avals) > 1 else "") for v in node.inputs)
+        outs = ", ".join(f"{a.dtype}{list(a.shape)}" for a in node.avals)
+        where = f"  # {node.source[0]}:{node.source[1]}" if node.source else ""
+        lines.append(f"  %{i} = {node.op}({ins}) -> {outs}{where}")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Sync.
+
+def _held_leaf_ids(exclude: set) -> set:
+    held = set()
+    for t in live_tensors():
+        if id(t) not in exclude:
+            held.add(id(t._value.node))
+    for fn in _holders:
+        for v in fn():
+            held.add(id(v.node))
+    return held
+
+
+def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
+    """Materialise ``tensors`` (all live tensors with pending IR when None)."""
+    with lock:
+        full = tensors is None
+        if full:
+            tensors = live_tensors()
+        pending = [t for t in tensors if not t._value.node.is_leaf]
+        roots: list[Value] = []
+        seen = set()
+        for t in pending:
+            if t._value not in seen:
+                seen.add(t._value)
+                roots.append(t._value)
+        extra = _extra_roots() if full else []
+        for v in extra:
+            if v not in seen:
+                seen.add(v)
+                roots.append(v)
+        rng_state = rng.pending() if full else None
+        if rng_state is not None and rng_state not in seen:
+            roots.append(rng_state)
+        if mark_step:
+            metrics.inc("MarkStep")
+        if not roots:
+            return
+        donatable = set()
+        if full and settings.get().donate:
+            held = _held_leaf_ids(exclude={id(t) for t in pending})
+            donatable = {id(n) for n in _leaf_candidates(roots)} - held
+        try:
+            outputs = _execute(roots, donatable)
+        except BaseException as e:
+            _rollback(pending, e)
+            raise
+        mapping: dict = {}
+        for v, arr in zip(roots, outputs):
+            mapping[v] = ir.leaf(arr)
+        for t in live_tensors():
+            new = mapping.get(t._value)
+            if new is not None:
+                t._value = new
+                t._last_data = new
+        if rng_state is not None:
+            rng.set_materialized(mapping[rng_state])
+        for fn in _rebinders:
+            fn(mapping)
+
+
+_extra_root_fns: list = []
+
+
+def register_extra_roots(fn) -> None:
+    """``fn()`` yields pending Values that a full sync must also materialise."""
+    _extra_root_fns.append(fn)
+
+
+def _extra_roots() -> list:
+    out = []
+    for fn in _extra_root_fns:
+        out.extend(v for v in fn() if not v.node.is_leaf)
+    return out
+
+
+def _leaf_candidates(roots):
+    seen, stack, out = set(), [v.node for v in roots], []
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if type(n) is DeviceData:
+            out.append(n)
+        stack.extend(v.node for v in n.inputs)
+    return out
+
+
+def _execute(roots: list[Value], donatable: set) -> list:
+    graph = collect(roots, donatable)
+    params = _params(graph)
+    metrics.sample("IrGraphSize", len(graph.nodes), unit=" nodes")
+    compiled = cache.get(graph.key)
+    if compiled is None:
+        metrics.inc("UncachedCompile")
+        compiled = compile_graph(graph, params)
+        cache.put(graph.key, compiled)
+    else:
+        metrics.inc("CachedCompile")
+    _before_execute(graph)
+    start = time.perf_counter_ns()
+    outputs = compiled(*params)
+    metrics.sample("ExecuteTime", time.perf_counter_ns() - start)
+    if graph.donate:
+        out_avals = collections.Counter((tuple(o.shape), o.dtype) for o in outputs)
+        aliased = 0
+        for i in graph.donate:
+            a = graph.leaves[i].avals[0]
+            k = (tuple(a.shape), a.dtype)
+            if out_avals[k] > 0:
+                out_avals[k] -= 1
+                aliased += 1
+        metrics.inc("InputOutputAliasCount", aliased)
+        metrics.inc("DonatedBuffers", len(graph.donate))
+    return outputs
+
+
+_fault_hooks: list = []
+
+
+def _before_execute(graph: Graph) -> None:
+    """Test hook point: planted execution faults raise here, before buffers are consumed."""
+    for hook in _fault_hooks:
+        hook(graph)
+
+
+def _rollback(pending: list, error: BaseException) -> None:
+    """After a failed sync: every pending tensor returns to its last materialised value."""
+    metrics.inc("FailedSync")
+    for t in pending:
+        last = getattr(t, "_last_data", None)
+        if last is not None and not last.node.array.is_deleted():
+            t._value = last
+        else:
+            t._value = Value(Poisoned(t._value.node.avals, _poison_error(error)), t._value.index)
+
+
+def _poison_error(error: BaseException) -> RuntimeError:
+    return RuntimeError(
+        "xla_compat: this tensor was computed by a graph whose sync failed, and it has no "
+        f"earlier value to return to. The failure was:\n  {type(error).__name__}: {error}")
+
+
+def hlo_text(tensors) -> str:
+    """StableHLO text of the graph that computes ``tensors`` (nothing is executed)."""
+    with lock:
+        roots = [t._value for t in tensors]
+        graph = collect(roots)
+        return jax.jit(build_function(graph)).lower(*_params(graph)).as_text()
+
+
+def wait_device_ops() -> None:
+    for t in live_tensors():
+        node = t._value.node
+        if type(node) is DeviceData:
+            node.array.block_until_ready()
+
+
+def clear_cache() -> None:
+    cache.clear()

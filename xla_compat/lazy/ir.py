@@ -1,0 +1,148 @@
+"""IR: nodes of the lazy graph. A LazyTensor points at one output (a ``Value``) of one node.
+
+Leaves are ``DeviceData`` (a jax array, a parameter of the compiled graph) and ``ScalarParam``
+(a Python number that changes between steps, passed as a weakly typed parameter so a new value
+does not force a recompile). Every other node applies one lowering rule to its inputs.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from typing import Any, NamedTuple
+
+_ids = itertools.count()
+
+
+class Aval(NamedTuple):
+    """Shape and jax dtype of one node output."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+
+class Slot:
+    """Marks where the k-th input array goes in a node's argument template."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def __eq__(self, other):
+        return type(other) is Slot and other.k == self.k
+
+    def __hash__(self):
+        return hash(("slot", self.k))
+
+    def __repr__(self):
+        return f"${self.k}"
+
+
+class Node:
+    """One op application: ``rule(*template filled with inputs)`` producing ``avals``."""
+
+    __slots__ = ("id", "op", "rule", "args", "kwargs", "inputs", "avals", "source", "__weakref__")
+
+    def __init__(self, op: str, rule, args: tuple, kwargs: tuple, inputs: tuple, avals: tuple,
+                 source=None):
+        self.id = next(_ids)
+        self.op = op              # "aten.add.Tensor", "device_data", "scalar", ...
+        self.rule = rule          # callable on jax values, or None for leaves
+        self.args = args          # positional template (Slots where inputs go)
+        self.kwargs = kwargs      # keyword template as a sorted tuple of (name, value)
+        self.inputs = inputs      # tuple[Value]
+        self.avals = avals        # tuple[Aval]
+        self.source = source      # (filename, lineno, function) that created it, if recorded
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.rule is None
+
+    def signature(self) -> tuple:
+        """What identifies this node's computation, apart from its inputs."""
+        return (self.op, self.args, self.kwargs, self.avals)
+
+    def where(self) -> str:
+        if not self.source:
+            return "(source line not recorded; set XLA_IR_DEBUG=1)"
+        f, line, fn = self.source
+        return f"{f}:{line} in {fn}"
+
+    def __repr__(self):
+        return f"Node#{self.id}({self.op})"
+
+
+class DeviceData(Node):
+    """A materialised device buffer: a jax array, passed to graphs as a parameter."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        super().__init__("device_data", None, (), (), (), (Aval(tuple(array.shape), array.dtype),))
+        self.array = array
+
+    def signature(self) -> tuple:
+        return ("device_data", self.avals)
+
+
+class ScalarParam(Node):
+    """A Python number fed to the graph at run time (its type, not its value, is in the key)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        kind = type(value)
+        super().__init__("scalar", None, (), (), (), (Aval((), kind),))
+        self.value = value
+
+    def signature(self) -> tuple:
+        return ("scalar", self.avals[0].dtype)
+
+
+class Poisoned(Node):
+    """Stands for a value whose computation failed; reading it re-raises a clear error."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, avals, error: BaseException):
+        super().__init__("poisoned", None, (), (), (), avals)
+        self.error = error
+
+
+class Value(NamedTuple):
+    """Output ``index`` of ``node``."""
+
+    node: Node
+    index: int
+
+    @property
+    def aval(self) -> Aval:
+        return self.node.avals[self.index]
+
+
+def leaf(array) -> Value:
+    return Value(DeviceData(array), 0)
+
+
+# Source lines: skip frames inside torch and xla_compat to find the user's line.
+_SKIP = (
+    os.path.dirname(__import__("torch").__file__) + os.sep,
+    os.path.dirname(os.path.dirname(__file__)) + os.sep,
+)
+
+
+def skip_frames_in(directory: str) -> None:
+    """Treat frames under ``directory`` as library code when looking for the user's line."""
+    global _SKIP
+    _SKIP = _SKIP + (os.path.abspath(directory) + os.sep,)
+
+
+def user_frame():
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_SKIP) and not name.startswith("<"):
+            return (name, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return None

@@ -1,0 +1,50 @@
+"""Device RNG state: a threefry key that is an input and an output of every graph that draws.
+
+Each random op takes the current state and yields a new one, so a cached graph never replays
+the same numbers; ``manual_seed`` makes runs reproducible.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from .ir import Aval, Value, leaf
+
+STATE_AVAL = Aval((2,), np.dtype("uint32"))
+_DEFAULT_SEED = 101  # torch_xla's default
+
+_state: Value | None = None
+
+
+def _seed_value(seed: int) -> Value:
+    seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+    # threefry's key data for a 64-bit seed is its two 32-bit halves.
+    words = np.array([seed >> 32, seed & 0xFFFF_FFFF], dtype=np.uint32)
+    return leaf(jax.device_put(words))
+
+
+def state() -> Value:
+    global _state
+    if _state is None:
+        _state = _seed_value(_DEFAULT_SEED)
+    return _state
+
+
+def advance(new: Value) -> None:
+    global _state
+    _state = new
+
+
+def manual_seed(seed: int) -> None:
+    global _state
+    _state = _seed_value(seed)
+
+
+def pending() -> Value | None:
+    """The state's Value if a graph has advanced it since the last sync."""
+    return _state if _state is not None and not _state.node.is_leaf else None
+
+
+def set_materialized(value: Value) -> None:
+    global _state
+    _state = value

@@ -1,0 +1,102 @@
+"""LazyTensor: a torch.Tensor wrapper subclass on ``hlo:0`` that holds an IR value.
+
+Invariants: ``_value`` is the tensor's current value (an output of an IR node; a ``DeviceData``
+leaf once materialised). The core knows no aliasing: an in-place op rebinds ``_value`` of the
+tensor it mutates and view ops produce fresh tensors (``*_copy`` semantics). The two paths add
+aliasing on top: ``functional`` by wrapping, ``legacy`` by subclassing.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+from .. import _backend  # noqa: F401  (registers the hlo device)
+from .ir import Value
+
+DEVICE = torch.device("hlo", 0)
+
+# Every live LazyTensor by id; a sync looks here for tensors with pending IR.
+_live: "weakref.WeakValueDictionary[int, LazyTensor]" = weakref.WeakValueDictionary()
+# One lock serialises tracing bookkeeping and syncs across threads.
+lock = threading.RLock()
+
+
+class LazyTensor(torch.Tensor):
+    """A device tensor whose value is an IR ``Value``; nothing runs until a sync."""
+
+    path_name = "core"
+
+    @staticmethod
+    def __new__(cls, value: Value, shape, dtype, strides=None, storage_offset=None,
+                requires_grad=False):
+        if strides is None:
+            storage_offset = None
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, shape, strides=strides, storage_offset=storage_offset, dtype=dtype,
+            device=DEVICE, requires_grad=requires_grad)
+        t._value = value
+        t._last_data = value if value.node.is_leaf else None
+        _live[id(t)] = t
+        return t
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from . import tracer
+        return tracer.trace(cls, func, args, kwargs or {})
+
+    # -- leaving the device ------------------------------------------------------------------
+    def __repr__(self, *, tensor_contents=None):
+        cpu = self.detach().cpu()
+        text = repr(cpu)
+        extra = f"device='{DEVICE}'"
+        if self.requires_grad and self.grad_fn is None:
+            extra += ", requires_grad=True"
+        elif self.grad_fn is not None:
+            extra += f", grad_fn=<{type(self.grad_fn).__name__}>"
+        return text[:-1] + f", {extra})" if text.endswith(")") else text
+
+    @property
+    def data(self):
+        return self.detach()
+
+    @data.setter
+    def data(self, new):
+        # The C++ setter copies sizes and strides; the IR value lives on the Python object.
+        torch._C.TensorBase.data.__set__(self, new)
+        self._value = new._value
+        self._last_data = getattr(new, "_last_data", None)
+
+    def tolist(self):
+        return self.detach().cpu().tolist()
+
+    def numpy(self, *, force=False):
+        if self.requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
+                               "Use tensor.detach().numpy() instead.")
+        return self.detach().cpu().numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.detach().cpu().numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __reduce_ex__(self, proto):
+        # torch.save of a device tensor stores CPU data (torch_xla's behaviour).
+        return self.detach().cpu().__reduce_ex__(proto)
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            out = self.detach().clone()
+        out.requires_grad_(self.requires_grad)
+        memo[id(self)] = out
+        return out
+
+
+def live_tensors() -> list[LazyTensor]:
+    return list(_live.values())

@@ -1,0 +1,574 @@
+"""The tracer: turns one aten call on LazyTensors into IR nodes (or a decomposition, or CPU fallback).
+
+Order for an op: a special handler (transfers, scalars, aliasing no-ops) > a lowering rule
+(recorded as a node, output metadata from the meta kernel) > PyTorch's decompositions > CPU
+fallback (counted as ``aten::<name>``; an error under XLA_CPU_FALLBACK=error). Mutating ops are
+traced through their functional variant and rebind the mutated tensors' values.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from torch._decomp import decomposition_table
+
+from .. import _jax, metrics, settings
+from ..lowering import registry
+from . import ir
+from .ir import Aval, DeviceData, Node, ScalarParam, Slot, Value
+from .tensor import DEVICE, LazyTensor, lock
+
+aten = torch.ops.aten
+
+
+class UnsupportedOpError(NotImplementedError):
+    """An op with no lowering while CPU fallback is disabled."""
+
+
+class LoweringError(RuntimeError):
+    """A lowering rule failed while a graph was built; names the op and the Python line."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Schema facts, computed once per overload.
+
+def _is_scalar_type(t) -> bool:
+    if isinstance(t, torch.NumberType):
+        return True
+    if isinstance(t, torch.OptionalType):
+        return _is_scalar_type(t.getElementType())
+    if isinstance(t, torch.ListType):
+        return _is_scalar_type(t.getElementType())
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def scalar_args(func) -> tuple[frozenset, frozenset]:
+    """Positions and keyword names of Scalar-typed arguments (lifted to run-time parameters)."""
+    pos, kw = set(), set()
+    for i, a in enumerate(func._schema.arguments):
+        if _is_scalar_type(a.type):
+            (kw if a.kwarg_only else pos).add(i)
+            kw.add(a.name)
+    return frozenset(pos), frozenset(kw)
+
+
+@functools.lru_cache(maxsize=None)
+def mutation_info(func):
+    """(mutated argument names in schema order, number of fresh returns, functional op or None)."""
+    schema = func._schema
+    mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    fresh = sum(1 for r in schema.returns if r.alias_info is None)
+    return tuple(mutated), fresh, _functional_variant(func, set(mutated))
+
+
+def _arg_sig(args) -> tuple:
+    return tuple((a.name, str(a.type)) for a in args)
+
+
+def _functional_variant(func, mutated: set):
+    name = func._schema.name.split("::", 1)[1]
+    own = _arg_sig(func._schema.arguments)
+    non_out = _arg_sig(a for a in func._schema.arguments
+                       if not (a.name in mutated and a.kwarg_only))
+    candidates = []
+    if name.startswith("__i") and name.endswith("__"):
+        candidates.append("__" + name[3:])
+    elif name.endswith("_") and not name.endswith("__"):
+        candidates.append(name[:-1])
+    candidates += [name, name + "_functional"]
+    for base in candidates:
+        packet = getattr(aten, base, None)
+        if packet is None:
+            continue
+        for ov_name in packet.overloads():
+            ov = getattr(packet, ov_name)
+            if ov is func or ov._schema.is_mutable:
+                continue
+            sig = _arg_sig(ov._schema.arguments)
+            if sig == own or sig == non_out:
+                return ov
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Converting arguments.
+
+def _meta_of(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def to_meta(x):
+    if isinstance(x, torch.Tensor):
+        return _meta_of(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_meta(e) for e in x)
+    return x
+
+
+def _input_value(t: torch.Tensor, func) -> Value:
+    if isinstance(t, LazyTensor):
+        v = t._value
+        if type(v.node) is ir.Poisoned:
+            raise v.node.error
+        return v
+    if t.device.type == "cpu" and t.dim() == 0:
+        metrics.inc("TransferToDevice")
+        return ir.leaf(_jax.from_torch(t))
+    if t.device.type == "meta":
+        raise RuntimeError(f"xla_compat: {func} got a meta tensor; meta tensors carry no data")
+    raise RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{DEVICE} and {t.device}! (when checking arguments for {func}). "
+        f"Move the {t.device} tensor with .to('hlo') first.")
+
+
+class _Template:
+    """Builds an argument template: tensors and lifted scalars become Slots, the rest is static."""
+
+    def __init__(self, func, lift: bool):
+        self.func = func
+        self.inputs: list[Value] = []
+        self.lift_pos, self.lift_kw = scalar_args(func) if lift else (frozenset(), frozenset())
+
+    def convert(self, x, lift: bool):
+        if isinstance(x, torch.Tensor):
+            self.inputs.append(_input_value(x, self.func))
+            return Slot(len(self.inputs) - 1)
+        if lift and (type(x) is float or type(x) is int):
+            self.inputs.append(Value(ScalarParam(x), 0))
+            return Slot(len(self.inputs) - 1)
+        if isinstance(x, (list, tuple)):
+            return tuple(self.convert(e, lift) for e in x)
+        if isinstance(x, torch.SymInt):
+            return int(x)
+        return x
+
+    def build(self, args, kwargs):
+        a = tuple(self.convert(x, i in self.lift_pos) for i, x in enumerate(args))
+        k = tuple(sorted((n, self.convert(v, n in self.lift_kw)) for n, v in kwargs.items()))
+        return a, k
+
+
+def fill(template, values):
+    """Put input values where the Slots of a template are."""
+    if type(template) is Slot:
+        return values[template.k]
+    if type(template) is tuple:
+        return tuple(fill(e, values) for e in template)
+    return template
+
+
+# ----------------------------------------------------------------------------------------------
+# Recording nodes.
+
+def _flat_tensors(out) -> list:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for e in out for t in _flat_tensors(e)]
+    return []
+
+
+def _avals(metas) -> tuple:
+    return tuple(Aval(tuple(m.shape), _jax.to_jax_dtype(m.dtype)) for m in metas)
+
+
+def make_node(func, rule: registry.Rule, args, kwargs, out_metas) -> Node:
+    """A node applying ``rule`` to ``args``; its outputs are described by ``out_metas``."""
+    tb = _Template(func, lift=not rule.static)
+    targs, tkwargs = tb.build(args, kwargs)
+    avals = _avals(out_metas)
+    inputs = tb.inputs
+    if rule.random:
+        from . import rng
+        targs = targs + (Slot(len(inputs)),)
+        inputs = inputs + [rng.state()]
+        avals = avals + (rng.STATE_AVAL,)
+    source = ir.user_frame() if settings.get().ir_debug else None
+    node = Node(str(func), rule, targs, tkwargs, tuple(inputs), avals, source)
+    if rule.random:
+        from . import rng
+        rng.advance(Value(node, len(avals) - 1))
+    metrics.inc("IrNodes")
+    return node
+
+
+def wrap_outputs(cls, meta_out, node: Node, start: int = 0):
+    """Replace each meta tensor in ``meta_out`` by a LazyTensor on the node's next output."""
+    counter = [start]
+
+    def conv(m):
+        if isinstance(m, torch.Tensor):
+            i = counter[0]
+            counter[0] += 1
+            return cls(Value(node, i), m.shape, m.dtype, m.stride(), m.storage_offset())
+        if isinstance(m, (list, tuple)):
+            return type(m)(conv(e) for e in m)
+        return m
+
+    return conv(meta_out)
+
+
+def run_meta(func, args, kwargs):
+    try:
+        return func(*to_meta(args), **to_meta(kwargs))
+    except NotImplementedError:
+        raise
+    except Exception as e:  # the same error type eager raises, with the op named
+        _reraise(e, func, args)
+
+
+def _reraise(e: Exception, func, args):
+    msg = str(e)
+    if str(func) not in msg:
+        msg = f"{msg}\n  (xla_compat: raised by {func} with inputs {describe(args)})"
+    try:
+        err = type(e)(msg)
+    except Exception:
+        raise e
+    raise err.with_traceback(e.__traceback__) from None
+
+
+def describe(args) -> str:
+    parts = []
+    for a in _flat_tensors(args):
+        parts.append(f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}")
+    return ", ".join(parts) or "no tensors"
+
+
+# ----------------------------------------------------------------------------------------------
+# The entry point.
+
+_SPECIAL: dict = {}
+
+
+def special(*ops):
+    def register(fn):
+        for op in ops:
+            _SPECIAL[op] = fn
+        return fn
+    return register
+
+
+def trace(cls, func, args, kwargs):
+    with lock:
+        handler = _SPECIAL.get(func)
+        if handler is not None:
+            return handler(cls, func, args, kwargs)
+        if func._schema.is_mutable:
+            return trace_mutation(cls, func, args, kwargs)
+        rule = registry.lookup(func)
+        if rule is not None:
+            meta_out = run_meta(func, args, kwargs)
+            node = make_node(func, rule, args, kwargs, _flat_tensors(meta_out))
+            return wrap_outputs(cls, meta_out, node)
+        return decompose_or_fallback(cls, func, args, kwargs)
+
+
+def decompose_or_fallback(cls, func, args, kwargs):
+    decomposed = func.decompose(*args, **kwargs)
+    if decomposed is not NotImplemented:
+        return decomposed
+    decomp = decomposition_table.get(func)
+    if decomp is not None:
+        metrics.inc("Decomposed")
+        return decomp(*args, **kwargs)
+    return cpu_fallback(cls, func, args, kwargs)
+
+
+def functional_results(cls, func, args, kwargs):
+    """Trace a mutating op out of place.
+
+    Returns (meta_out, node, mutated) where ``mutated`` pairs each mutated argument with the
+    Value it should take; the node's first outputs are the op's fresh returns.
+    """
+    names, fresh, functional = mutation_info(func)
+    rule = registry.lookup(func)
+    target = func
+    if rule is None and functional is not None:
+        rule = registry.lookup(functional)
+        target = functional
+    if rule is None:
+        return None
+    meta_out = run_meta(func, args, kwargs)
+    bound = _bind(func, args, kwargs)
+    mutated_tensors = []
+    for n in names:
+        v = bound[n]
+        mutated_tensors += list(v) if isinstance(v, (list, tuple)) else [v]
+    for m in mutated_tensors:
+        if not isinstance(m, LazyTensor):
+            raise RuntimeError(
+                f"xla_compat: {func} would write into a {m.device} tensor from {DEVICE} "
+                f"(in-place ops cannot mix devices); move it with .to('hlo') first")
+    fresh_metas = _flat_tensors(meta_out)[:fresh] if fresh else []
+    # The functional variant has no out= arguments.
+    if target is not func:
+        f_args, f_kwargs = _drop_out_args(func, args, kwargs, names)
+    else:
+        f_args, f_kwargs = args, kwargs
+    out_metas = fresh_metas + [_meta_of(m) for m in mutated_tensors]
+    node = make_node(target, rule, f_args, f_kwargs, out_metas)
+    pairs = [(m, Value(node, fresh + i)) for i, m in enumerate(mutated_tensors)]
+    return meta_out, node, pairs, fresh
+
+
+def _bind(func, args, kwargs) -> dict:
+    out = {}
+    for i, a in enumerate(func._schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+    return out
+
+
+def _drop_out_args(func, args, kwargs, names):
+    drop = {a.name for a in func._schema.arguments if a.name in names and a.kwarg_only}
+    return args, {k: v for k, v in kwargs.items() if k not in drop}
+
+
+def trace_mutation(cls, func, args, kwargs):
+    res = functional_results(cls, func, args, kwargs)
+    if res is None:
+        return decompose_or_fallback(cls, func, args, kwargs)
+    meta_out, node, pairs, fresh = res
+    for tensor, value in pairs:
+        rebind(tensor, value)
+    return _returns_of_mutation(cls, func, args, kwargs, meta_out, node)
+
+
+def rebind(tensor: LazyTensor, value: Value) -> None:
+    """Make ``value`` the tensor's value, cast to its dtype (in-place ops keep self's dtype)."""
+    want = _jax.to_jax_dtype(tensor.dtype)
+    if value.aval.dtype != want or value.aval.shape != tuple(tensor.shape):
+        value = convert(value, want, tuple(tensor.shape))
+    tensor._value = value
+
+
+def convert(value: Value, dtype, shape) -> Value:
+    if value.aval.shape != shape and value.aval.shape != tuple(int(s) for s in shape):
+        raise RuntimeError(
+            f"xla_compat: cannot write a {value.aval.dtype}{list(value.aval.shape)} result into "
+            f"a tensor of shape {list(shape)} (out= resizing is not supported on hlo)")
+    node = Node("convert_element_type", _convert_rule(dtype), (Slot(0),), (), (value,),
+                (Aval(tuple(shape), dtype),))
+    return Value(node, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _convert_rule(dtype):
+    from ..lowering._helpers import cast
+
+    def convert_element_type(x):
+        return cast(x, dtype)
+    return convert_element_type
+
+
+def _returns_of_mutation(cls, func, args, kwargs, meta_out, node):
+    """Returns that alias a mutated argument are that argument; fresh ones are new tensors."""
+    schema = func._schema
+    if not schema.returns:
+        return None
+    bound = _bind(func, args, kwargs)
+    by_set = {}
+    for a in schema.arguments:
+        if a.alias_info is not None and a.alias_info.is_write:
+            for s in a.alias_info.before_set:
+                by_set[s] = bound.get(a.name)
+    outs, fresh_i = [], 0
+    metas = meta_out if isinstance(meta_out, (list, tuple)) and len(schema.returns) > 1 else [meta_out]
+    for r, m in zip(schema.returns, metas):
+        if r.alias_info is not None:
+            outs.append(by_set[next(iter(r.alias_info.before_set))])
+        else:
+            outs.append(wrap_outputs(cls, m, node, fresh_i))
+            fresh_i += len(_flat_tensors(m))
+    return outs[0] if len(schema.returns) == 1 else tuple(outs)
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU fallback.
+
+_warned: set = set()
+
+
+def _fallback_message(cls, func, args, forbidden: bool) -> str:
+    name = func._schema.name.split("::", 1)[1]
+    path = getattr(cls, "path_name", "core")
+    head = f"xla_compat: no lowering for {func} on the {path} path (input {describe(args)})"
+    if forbidden:
+        return (f"{head}, and XLA_CPU_FALLBACK=error forbids running it on the CPU.\n"
+                f"  Unset XLA_CPU_FALLBACK (or set it to warn) to run it on the CPU, or see "
+                f"migration_guide/ops.md for adding a lowering.")
+    return (f"{head}; it ran on the CPU instead and was counted as aten::{name}.\n"
+            f"  Set XLA_CPU_FALLBACK=error to make this an error, or see migration_guide/ops.md.")
+
+
+def cpu_fallback(cls, func, args, kwargs):
+    mode = settings.get().cpu_fallback
+    name = func._schema.name.split("::", 1)[1]
+    if mode == "error":
+        raise UnsupportedOpError(_fallback_message(cls, func, args, True))
+    if mode == "warn" and func not in _warned:
+        _warned.add(func)
+        warnings.warn(_fallback_message(cls, func, args, False), stacklevel=3)
+    metrics.inc(f"aten::{name}")
+    lazies: dict[int, tuple] = {}
+
+    def to_cpu(x):
+        if isinstance(x, LazyTensor):
+            c = materialize_cpu(x)
+            lazies[id(c)] = (x, c)
+            return c
+        if isinstance(x, (list, tuple)):
+            return type(x)(to_cpu(e) for e in x)
+        if isinstance(x, torch.device) and x.type == DEVICE.type:
+            return torch.device("cpu")
+        return x
+
+    cargs = to_cpu(args)
+    ckwargs = {k: (torch.device("cpu") if k == "device" and v is not None else to_cpu(v))
+               for k, v in kwargs.items()}
+    out = func(*cargs, **ckwargs)
+    names, _, _ = mutation_info(func)
+    if names:
+        for lazy, c in lazies.values():
+            # Only arguments the schema says are written come back.
+            pass
+        bound = _bind(func, cargs, ckwargs)
+        for n in names:
+            vals = bound[n]
+            for c in (vals if isinstance(vals, (list, tuple)) else [vals]):
+                lazy, _ = lazies[id(c)]
+                lazy._value = ir.leaf(_jax.from_torch(c))
+                metrics.inc("TransferToDevice")
+    back = {id(c): lazy for lazy, c in lazies.values()}
+
+    def to_dev(x):
+        if isinstance(x, torch.Tensor):
+            if id(x) in back:
+                return back[id(x)]
+            metrics.inc("TransferToDevice")
+            return cls(ir.leaf(_jax.from_torch(x)), x.shape, x.dtype)
+        if isinstance(x, (list, tuple)):
+            return type(x)(to_dev(e) for e in x)
+        return x
+
+    return to_dev(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Materialisation.
+
+def materialize(t: LazyTensor):
+    """The tensor's jax array, running its pending graph (and only it) if needed."""
+    node = t._value.node
+    if type(node) is DeviceData:
+        return node.array
+    if type(node) is ir.Poisoned:
+        raise node.error
+    from .. import executor
+    executor.sync_tensors([t])
+    node = t._value.node
+    if type(node) is ir.Poisoned:
+        raise node.error
+    return node.array
+
+
+def materialize_cpu(t: LazyTensor) -> torch.Tensor:
+    arr = materialize(t)
+    metrics.inc("TransferFromDevice")
+    out = _jax.to_torch(arr)
+    if tuple(out.shape) != tuple(t.shape):
+        out = out.reshape(t.shape)
+    return out
+
+
+def fresh_copy(t: LazyTensor) -> LazyTensor:
+    return type(t)(t._value, t.shape, t.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Special handlers.
+
+@special(aten._to_copy.default)
+def _to_copy(cls, func, args, kwargs):
+    (x,) = args
+    device = kwargs.get("device")
+    dtype = kwargs.get("dtype") or x.dtype
+    if device is not None and torch.device(device).type == "cpu":
+        cpu = materialize_cpu(x)
+        return cpu.to(dtype) if cpu.dtype != dtype else cpu
+    if not _jax.supported(dtype):
+        raise TypeError(f"xla_compat: dtype {dtype} is not supported on the hlo device "
+                        f"(in {func}, input {describe(args)})")
+    rule = registry.lookup(func)
+    meta_out = run_meta(func, args, {k: v for k, v in kwargs.items() if k != "device"})
+    node = make_node(func, rule, args, {"dtype": dtype}, [meta_out])
+    return cls(Value(node, 0), meta_out.shape, dtype, meta_out.stride())
+
+
+@special(aten.copy_.default, aten._copy_from.default)
+def _copy(cls, func, args, kwargs):
+    if func is aten._copy_from.default:
+        src, dst = args[0], args[1]
+    else:
+        dst, src = args[0], args[1]
+    if not isinstance(dst, LazyTensor):
+        dst.copy_(materialize_cpu(src))
+        return dst
+    run_meta(aten.copy_.default, (dst, src), {})
+    if not isinstance(src, LazyTensor):
+        metrics.inc("TransferToDevice")
+        host = src.detach().to(dst.dtype).expand(dst.shape)
+        dst._value = ir.leaf(_jax.from_torch(host))
+        dst._last_data = dst._value
+        return dst
+    res = functional_results(cls, aten.copy_.default, (dst, src), {})
+    for tensor, value in res[2]:
+        rebind(tensor, value)
+    return dst
+
+
+@special(aten._local_scalar_dense.default)
+def _item(cls, func, args, kwargs):
+    return materialize_cpu(args[0]).item()
+
+
+@special(aten.detach.default, aten.alias.default, aten.lift_fresh.default,
+         aten._conj.default, aten._neg_view.default)
+def _share(cls, func, args, kwargs):
+    x = args[0]
+    if func in (aten._conj.default, aten._neg_view.default):
+        return trace(cls, {aten._conj.default: aten.conj_physical.default,
+                           aten._neg_view.default: aten.neg.default}[func], args, kwargs)
+    return cls(x._value, x.shape, x.dtype, x.stride(), x.storage_offset())
+
+
+@special(aten.set_.source_Tensor)
+def _set(cls, func, args, kwargs):
+    dst, src = args
+    if tuple(dst.shape) != tuple(src.shape) or dst.dtype != src.dtype:
+        raise NotImplementedError(
+            f"xla_compat: {func} changing shape or dtype ({describe(args)}) is not supported on "
+            f"hlo; assign through .data instead")
+    dst._value = src._value
+    return dst
+
+
+@special(aten.is_pinned.default)
+def _is_pinned(cls, func, args, kwargs):
+    return False
+
+
+@special(aten.is_same_size.default)
+def _same_size(cls, func, args, kwargs):
+    return tuple(args[0].shape) == tuple(args[1].shape)
+
+
+@special(aten._has_compatible_shallow_copy_type.default)
+def _compatible(cls, func, args, kwargs):
+    return type(args[0]) is type(args[1])

@@ -1,0 +1,53 @@
+"""Small helpers shared by lowering families (dtype casts, dims, torch-style promotion)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def cast(x, dtype):
+    """Convert like torch's ``.to(dtype)``: bool means nonzero, complex to real keeps the real part."""
+    dtype = np.dtype(dtype)
+    if getattr(x, "dtype", None) == dtype:
+        return x
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        x = jnp.real(x)
+    if dtype == np.bool_:
+        return x != 0
+    return lax.convert_element_type(x, dtype)
+
+
+def to(dtype, *xs):
+    """Cast every array argument to ``dtype`` (scalars too)."""
+    return tuple(cast(x, dtype) for x in xs)
+
+
+def dim(d: int, ndim: int) -> int:
+    """Wrap a possibly negative dim (torch treats 0-d tensors as having one dim here)."""
+    n = max(ndim, 1)
+    return d % n if d < 0 else d
+
+
+def dims(ds, ndim: int) -> tuple:
+    if ds is None:
+        return tuple(range(ndim))
+    if isinstance(ds, int):
+        ds = (ds,)
+    return tuple(sorted(dim(d, ndim) for d in ds)) if ndim else ()
+
+
+def is_float(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating)
+
+
+def is_int(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.integer)
+
+
+def acc_dtype(dtype):
+    """The accumulation dtype torch uses on CPU for reductions of ``dtype``."""
+    if dtype in (jnp.float16, jnp.bfloat16):
+        return jnp.float32
+    return dtype

@@ -1,0 +1,530 @@
+"""Elementwise ops: arithmetic, math functions, comparisons, logic, activations.
+
+Arithmetic is computed in the result dtype PyTorch reports (``aval``), as TensorIterator does:
+inputs are cast to the common dtype first, so weakly typed scalars never widen a result.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._helpers import cast, is_float, is_int, to
+from .registry import aten, lowering
+
+
+def _unary(op, fn, *, float_only=False):
+    @lowering(op, meta=True)
+    def rule(x, *args, aval, **kwargs):
+        return fn(cast(x, aval.dtype) if float_only or is_float(aval.dtype) else x)
+    rule.__name__ = str(op).split(".")[1]
+    return rule
+
+
+_FLOAT_UNARY = {
+    aten.exp: jnp.exp, aten.exp2: jnp.exp2, aten.expm1: jnp.expm1, aten.log: jnp.log,
+    aten.log2: jnp.log2, aten.log10: jnp.log10, aten.log1p: jnp.log1p, aten.sqrt: jnp.sqrt,
+    aten.rsqrt: lax.rsqrt, aten.sin: jnp.sin, aten.cos: jnp.cos, aten.tan: jnp.tan,
+    aten.asin: jnp.arcsin, aten.acos: jnp.arccos, aten.atan: jnp.arctan, aten.sinh: jnp.sinh,
+    aten.cosh: jnp.cosh, aten.tanh: jnp.tanh, aten.asinh: jnp.arcsinh, aten.acosh: jnp.arccosh,
+    aten.atanh: jnp.arctanh, aten.erf: jax.scipy.special.erf, aten.erfc: jax.scipy.special.erfc,
+    aten.erfinv: jax.scipy.special.erfinv, aten.sigmoid: jax.nn.sigmoid,
+    aten.reciprocal: lambda x: 1 / x, aten.lgamma: jax.scipy.special.gammaln,
+    aten.digamma: jax.scipy.special.digamma, aten.i0: jax.scipy.special.i0,
+    aten.sinc: jnp.sinc, aten.deg2rad: jnp.deg2rad, aten.rad2deg: jnp.rad2deg,
+}
+for _op, _fn in _FLOAT_UNARY.items():
+    _unary(_op.default, _fn, float_only=True)
+
+
+@lowering(aten.neg.default, aten.negative.default)
+def neg(x):
+    return -x if x.dtype != jnp.bool_ else x
+
+
+@lowering(aten.abs.default, aten.absolute.default)
+def abs_(x):
+    return jnp.abs(x) if x.dtype != jnp.bool_ else x
+
+
+@lowering(aten.sign.default, aten.sgn.default)
+def sign(x):
+    return jnp.sign(x) if x.dtype != jnp.bool_ else x
+
+
+@lowering(aten.floor.default)
+def floor(x):
+    return jnp.floor(x) if is_float(x.dtype) else x
+
+
+@lowering(aten.ceil.default)
+def ceil(x):
+    return jnp.ceil(x) if is_float(x.dtype) else x
+
+
+@lowering(aten.trunc.default, aten.fix.default)
+def trunc(x):
+    return jnp.trunc(x) if is_float(x.dtype) else x
+
+
+@lowering(aten.frac.default)
+def frac(x):
+    return x - jnp.trunc(x)
+
+
+@lowering(aten.round.default)
+def round_(x):
+    return jnp.round(x) if is_float(x.dtype) else x
+
+
+@lowering(aten.round.decimals, static=True)
+def round_decimals(x, *, decimals=0):
+    scale = 10.0 ** decimals
+    return jnp.round(x * scale) / scale
+
+
+# -- binary arithmetic ----------------------------------------------------------------------------
+
+@lowering(aten.add.Tensor, aten.add.Scalar, meta=True)
+def add(x, y, *, alpha=1, aval):
+    x, y = to(aval.dtype, x, y)
+    if aval.dtype == jnp.bool_:
+        return x | (y & (cast(alpha, jnp.bool_)))
+    return x + y * cast(alpha, aval.dtype)
+
+
+@lowering(aten.sub.Tensor, aten.sub.Scalar, meta=True)
+def sub(x, y, *, alpha=1, aval):
+    x, y = to(aval.dtype, x, y)
+    return x - y * cast(alpha, aval.dtype)
+
+
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar, meta=True)
+def rsub(x, y, *, alpha=1, aval):
+    x, y = to(aval.dtype, x, y)
+    return y - x * cast(alpha, aval.dtype)
+
+
+@lowering(aten.mul.Tensor, aten.mul.Scalar, meta=True)
+def mul(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return x & y if aval.dtype == jnp.bool_ else x * y
+
+
+def _floor_div_int(x, y):
+    q = lax.div(x, y)
+    fix = (lax.rem(x, y) != 0) & ((x < 0) != (y < 0))
+    return q - fix.astype(q.dtype)
+
+
+@lowering(aten.div.Tensor, aten.div.Scalar, meta=True)
+def div(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return x / y
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, meta=True)
+def div_mode(x, y, *, rounding_mode=None, aval):
+    x, y = to(aval.dtype, x, y)
+    if rounding_mode is None:
+        return x / y
+    if is_int(aval.dtype):
+        return lax.div(x, y) if rounding_mode == "trunc" else _floor_div_int(x, y)
+    q = x / y
+    if rounding_mode == "trunc":
+        return jnp.trunc(q)
+    return _python_floor_div(x, y)
+
+
+def _python_floor_div(x, y):
+    # torch.div(..., rounding_mode="floor") on floats follows Python's divmod.
+    mod = jnp.fmod(x, y)
+    div = (x - mod) / y
+    fix = (mod != 0) & ((y < 0) != (mod < 0))
+    div = jnp.where(fix, div - 1, div)
+    floordiv = jnp.where(div != 0, jnp.floor(div), jnp.copysign(jnp.zeros_like(div), x / y))
+    floordiv = jnp.where(div - jnp.floor(div) > 0.5, jnp.floor(div) + 1, floordiv)
+    return jnp.where(y == 0, x / y, floordiv)
+
+
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar, meta=True)
+def floor_divide(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return _floor_div_int(x, y) if is_int(aval.dtype) else _python_floor_div(x, y)
+
+
+@lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, meta=True)
+def remainder(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    if is_int(aval.dtype):
+        r = lax.rem(x, y)
+        return jnp.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
+    r = jnp.fmod(x, y)
+    return jnp.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
+
+
+@lowering(aten.fmod.Tensor, aten.fmod.Scalar, meta=True)
+def fmod(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return lax.rem(x, y) if is_int(aval.dtype) else jnp.fmod(x, y)
+
+
+@lowering(aten.pow.Tensor_Tensor, meta=True)
+def pow_tt(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return _pow(x, y)
+
+
+def _pow(x, y):
+    if is_int(x.dtype):
+        return lax.pow(x, y) if jnp.issubdtype(y.dtype, jnp.integer) else jnp.power(x, y)
+    return jnp.power(x, y)
+
+
+@lowering(aten.pow.Tensor_Scalar, meta=True, static=True)
+def pow_ts(x, exponent, *, aval):
+    x = cast(x, aval.dtype)
+    if isinstance(exponent, int) and not isinstance(exponent, bool):
+        if exponent >= 0 or is_float(aval.dtype):
+            return lax.integer_pow(x, exponent) if abs(exponent) <= 64 else jnp.power(x, exponent)
+    if exponent == 0.5 and is_float(aval.dtype):
+        return jnp.sqrt(x)
+    return jnp.power(x, cast(exponent, aval.dtype))
+
+
+@lowering(aten.pow.Scalar, meta=True)
+def pow_st(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return _pow(x, y)
+
+
+@lowering(aten.float_power.Tensor_Tensor, aten.float_power.Tensor_Scalar,
+          aten.float_power.Scalar, meta=True)
+def float_power(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return jnp.power(x, y)
+
+
+@lowering(aten.atan2.default, aten.arctan2.default, meta=True)
+def atan2(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return jnp.arctan2(x, y)
+
+
+@lowering(aten.hypot.default, meta=True)
+def hypot(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return jnp.hypot(x, y)
+
+
+@lowering(aten.copysign.Tensor, aten.copysign.Scalar, meta=True)
+def copysign(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return jnp.copysign(x, y)
+
+
+@lowering(aten.maximum.default, aten.max.other, meta=True)
+def maximum(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return jnp.maximum(x, y)
+
+
+@lowering(aten.minimum.default, aten.min.other, meta=True)
+def minimum(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return jnp.minimum(x, y)
+
+
+@lowering(aten.fmax.default, meta=True)
+def fmax(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return jnp.fmax(x, y)
+
+
+@lowering(aten.fmin.default, meta=True)
+def fmin(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return jnp.fmin(x, y)
+
+
+@lowering(aten.lerp.Scalar, aten.lerp.Tensor, meta=True)
+def lerp(x, end, weight, *, aval):
+    x, end, weight = to(aval.dtype, x, end, weight)
+    # torch switches formula at |weight| >= 0.5 for accuracy at the end points.
+    return jnp.where(jnp.abs(weight) < 0.5, x + weight * (end - x),
+                     end - (end - x) * (1 - weight))
+
+
+@lowering(aten.addcmul.default, meta=True)
+def addcmul(x, t1, t2, *, value=1, aval):
+    x, t1, t2 = to(aval.dtype, x, t1, t2)
+    return x + cast(value, aval.dtype) * t1 * t2
+
+
+@lowering(aten.addcdiv.default, meta=True)
+def addcdiv(x, t1, t2, *, value=1, aval):
+    x, t1, t2 = to(aval.dtype, x, t1, t2)
+    return x + cast(value, aval.dtype) * (t1 / t2)
+
+
+# -- comparisons and logic -------------------------------------------------------------------------
+
+def _common(x, y):
+    dt = jnp.result_type(x, y)
+    return cast(x, dt), cast(y, dt)
+
+
+def _compare(ops, fn):
+    @lowering(*ops)
+    def rule(x, y):
+        return fn(*_common(x, y))
+    rule.__name__ = fn.__name__
+    return rule
+
+
+_compare((aten.eq.Tensor, aten.eq.Scalar), jnp.equal)
+_compare((aten.ne.Tensor, aten.ne.Scalar), jnp.not_equal)
+_compare((aten.lt.Tensor, aten.lt.Scalar, aten.less.Tensor, aten.less.Scalar), jnp.less)
+_compare((aten.le.Tensor, aten.le.Scalar), jnp.less_equal)
+_compare((aten.gt.Tensor, aten.gt.Scalar, aten.greater.Tensor, aten.greater.Scalar), jnp.greater)
+_compare((aten.ge.Tensor, aten.ge.Scalar), jnp.greater_equal)
+
+
+@lowering(aten.logical_not.default)
+def logical_not(x):
+    return x == 0
+
+
+@lowering(aten.logical_and.default)
+def logical_and(x, y):
+    return (x != 0) & (y != 0)
+
+
+@lowering(aten.logical_or.default)
+def logical_or(x, y):
+    return (x != 0) | (y != 0)
+
+
+@lowering(aten.logical_xor.default)
+def logical_xor(x, y):
+    return (x != 0) ^ (y != 0)
+
+
+def _bitwise(ops, fn):
+    @lowering(*ops, meta=True)
+    def rule(x, y, *, aval):
+        return fn(*to(aval.dtype, x, y))
+    rule.__name__ = fn.__name__
+    return rule
+
+
+_bitwise((aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.__and__.Tensor,
+          aten.__and__.Scalar), jnp.bitwise_and)
+_bitwise((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.__or__.Tensor,
+          aten.__or__.Scalar), jnp.bitwise_or)
+_bitwise((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.__xor__.Tensor,
+          aten.__xor__.Scalar), jnp.bitwise_xor)
+
+
+@lowering(aten.bitwise_not.default)
+def bitwise_not(x):
+    return ~x
+
+
+@lowering(aten.isnan.default)
+def isnan(x):
+    return jnp.isnan(x) if is_float(x.dtype) else jnp.zeros(x.shape, bool)
+
+
+@lowering(aten.isinf.default)
+def isinf(x):
+    return jnp.isinf(x) if is_float(x.dtype) else jnp.zeros(x.shape, bool)
+
+
+@lowering(aten.isfinite.default)
+def isfinite(x):
+    return jnp.isfinite(x) if is_float(x.dtype) else jnp.ones(x.shape, bool)
+
+
+@lowering(aten.isposinf.default)
+def isposinf(x):
+    return jnp.isposinf(x) if is_float(x.dtype) else jnp.zeros(x.shape, bool)
+
+
+@lowering(aten.isneginf.default)
+def isneginf(x):
+    return jnp.isneginf(x) if is_float(x.dtype) else jnp.zeros(x.shape, bool)
+
+
+@lowering(aten.signbit.default)
+def signbit(x):
+    return jnp.signbit(x) if x.dtype != jnp.bool_ else jnp.zeros(x.shape, bool)
+
+
+@lowering(aten.nan_to_num.default, static=True, meta=True)
+def nan_to_num(x, nan=None, posinf=None, neginf=None, *, aval):
+    if not is_float(x.dtype):
+        return x
+    info = jnp.finfo(x.dtype)
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan,
+                          posinf=info.max if posinf is None else posinf,
+                          neginf=info.min if neginf is None else neginf)
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar,
+          meta=True)
+def where(cond, x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return jnp.where(cond, x, y)
+
+
+@lowering(aten.clamp.default, aten.clamp.Tensor, meta=True)
+def clamp(x, min=None, max=None, *, aval):
+    x = cast(x, aval.dtype)
+    if min is not None:
+        x = jnp.maximum(x, cast(min, aval.dtype)) if not is_float(aval.dtype) else jnp.where(
+            jnp.isnan(x), x, jnp.maximum(x, cast(min, aval.dtype)))
+    if max is not None:
+        x = jnp.minimum(x, cast(max, aval.dtype)) if not is_float(aval.dtype) else jnp.where(
+            jnp.isnan(x), x, jnp.minimum(x, cast(max, aval.dtype)))
+    return x
+
+
+@lowering(aten.clamp_min.default, aten.clamp_min.Tensor, meta=True)
+def clamp_min(x, min, *, aval):
+    return clamp(x, min, None, aval=aval)
+
+
+@lowering(aten.clamp_max.default, aten.clamp_max.Tensor, meta=True)
+def clamp_max(x, max, *, aval):
+    return clamp(x, None, max, aval=aval)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor, meta=True)
+def masked_fill(x, mask, value, *, aval):
+    return jnp.where(mask, cast(value, aval.dtype), cast(x, aval.dtype))
+
+
+# -- copies and casts ------------------------------------------------------------------------------
+
+@lowering(aten.clone.default, aten.contiguous.default, aten.lift_fresh_copy.default,
+          aten.alias_copy.default, aten.detach_copy.default, aten.positive.default,
+          aten.resolve_conj.default, aten.resolve_neg.default, aten.conj_physical.default)
+def identity(x, *, memory_format=None):
+    return x
+
+
+@lowering(aten._to_copy.default, meta=True)
+def to_copy(x, *, dtype=None, aval, **_):
+    return cast(x, aval.dtype)
+
+
+@lowering(aten.copy.default, meta=True)
+def copy(x, src, non_blocking=False, *, aval):
+    return jnp.broadcast_to(cast(src, aval.dtype), aval.shape)
+
+
+@lowering(aten.fill.Scalar, aten.fill.Tensor, meta=True)
+def fill(x, value, *, aval):
+    return jnp.full(aval.shape, cast(value, aval.dtype), aval.dtype)
+
+
+@lowering(aten.zero.default, meta=True)
+def zero(x, *, aval):
+    return jnp.zeros(aval.shape, aval.dtype)
+
+
+# -- activations and their backward ---------------------------------------------------------------
+
+@lowering(aten.relu.default)
+def relu(x):
+    return jnp.maximum(x, jnp.zeros((), x.dtype)) if x.dtype != jnp.bool_ else x
+
+
+@lowering(aten.threshold.default, meta=True)
+def threshold(x, threshold, value, *, aval):
+    x = cast(x, aval.dtype)
+    return jnp.where(x <= cast(threshold, aval.dtype), cast(value, aval.dtype), x)
+
+
+@lowering(aten.threshold_backward.default, meta=True)
+def threshold_backward(grad, x, threshold, *, aval):
+    return jnp.where(x <= threshold, jnp.zeros((), aval.dtype), cast(grad, aval.dtype))
+
+
+@lowering(aten.gelu.default, static=True)
+def gelu(x, *, approximate="none"):
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+
+@lowering(aten.gelu_backward.default, static=True)
+def gelu_backward(grad, x, *, approximate="none"):
+    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
+    return vjp(grad)[0]
+
+
+@lowering(aten.sigmoid_backward.default)
+def sigmoid_backward(grad, y):
+    return grad * (1 - y) * y
+
+
+@lowering(aten.tanh_backward.default)
+def tanh_backward(grad, y):
+    return grad * (1 - y * y)
+
+
+@lowering(aten.silu.default)
+def silu(x):
+    return x * jax.nn.sigmoid(x)
+
+
+@lowering(aten.silu_backward.default)
+def silu_backward(grad, x):
+    s = jax.nn.sigmoid(x)
+    return grad * s * (1 + x * (1 - s))
+
+
+@lowering(aten.leaky_relu.default, meta=True)
+def leaky_relu(x, negative_slope=0.01, *, aval):
+    return jnp.where(x > 0, x, x * cast(negative_slope, aval.dtype))
+
+
+@lowering(aten.leaky_relu_backward.default, meta=True)
+def leaky_relu_backward(grad, x, negative_slope, self_is_result, *, aval):
+    return jnp.where(x > 0, grad, grad * cast(negative_slope, aval.dtype))
+
+
+@lowering(aten.hardtanh.default, meta=True)
+def hardtanh(x, min_val=-1, max_val=1, *, aval):
+    return jnp.clip(x, cast(min_val, aval.dtype), cast(max_val, aval.dtype))
+
+
+@lowering(aten.hardtanh_backward.default, meta=True)
+def hardtanh_backward(grad, x, min_val, max_val, *, aval):
+    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros((), aval.dtype), grad)
+
+
+@lowering(aten.softplus.default, meta=True)
+def softplus(x, beta=1, threshold=20, *, aval):
+    bx = x * cast(beta, aval.dtype)
+    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / cast(beta, aval.dtype))
+
+
+@lowering(aten.elu.default, meta=True)
+def elu(x, alpha=1, scale=1, input_scale=1, *, aval):
+    a, s, i = to(aval.dtype, alpha, scale, input_scale)
+    return jnp.where(x > 0, x * s, a * s * (jnp.exp(x * i) - 1))
+
+
+@lowering(aten.logit.default, static=True)
+def logit(x, eps=None):
+    if eps is not None:
+        x = jnp.clip(x, eps, 1 - eps)
+    return jnp.log(x / (1 - x))
+
+
+@lowering(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other, meta=True)
+def xlogy(x, y, *, aval):
+    x, y = to(aval.dtype, x, y)
+    return jax.scipy.special.xlogy(x, y)
+

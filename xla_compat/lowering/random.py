@@ -1,0 +1,92 @@
+"""Random ops. Each rule receives ``key``: a fresh jax PRNG key split off the device RNG state."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ._helpers import cast, is_float
+from .registry import aten, lowering
+
+
+def _float(aval):
+    return aval.dtype if is_float(aval.dtype) else jnp.float32
+
+
+@lowering(aten.normal_.default, aten.normal_functional.default, random=True, static=True, meta=True)
+def normal_(x, mean=0.0, std=1.0, *, generator=None, key, aval):
+    z = jax.random.normal(key, aval.shape, _float(aval))
+    return cast(z * std + mean, aval.dtype)
+
+
+@lowering(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor,
+          random=True, meta=True)
+def normal_tensor(mean, std, *, generator=None, key, aval):
+    z = jax.random.normal(key, aval.shape, _float(aval))
+    return cast(z * std + mean, aval.dtype)
+
+
+@lowering(aten.uniform_.default, aten.uniform.default, random=True, static=True, meta=True)
+def uniform_(x, from_=0.0, to=1.0, *, generator=None, key, aval):
+    u = jax.random.uniform(key, aval.shape, _float(aval), minval=from_, maxval=to)
+    return cast(u, aval.dtype)
+
+
+@lowering(aten.bernoulli_.float, aten.bernoulli.p, random=True, static=True, meta=True)
+def bernoulli_p(x, p=0.5, *, generator=None, key, aval):
+    return cast(jax.random.uniform(key, aval.shape, jnp.float32) < p, aval.dtype)
+
+
+@lowering(aten.bernoulli_.Tensor, aten.bernoulli.default, aten.bernoulli.Tensor, random=True,
+          meta=True)
+def bernoulli_t(x, p=None, *, generator=None, key, aval):
+    prob = x if p is None else p
+    return cast(jax.random.uniform(key, aval.shape, jnp.float32) < prob, aval.dtype)
+
+
+@lowering(aten.native_dropout.default, random=True, static=True, meta=True)
+def native_dropout(x, p, train, *, key, aval):
+    if not train or p == 0:
+        return x, jnp.ones(x.shape, jnp.bool_)
+    keep = jax.random.uniform(key, x.shape, jnp.float32) >= p
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype)), keep
+
+
+@lowering(aten.native_dropout_backward.default, meta=True)
+def native_dropout_backward(grad, mask, scale, *, aval):
+    return grad * cast(mask, grad.dtype) * cast(scale, grad.dtype)
+
+
+@lowering(getattr(aten.random_, "from"), aten.random_.to, aten.random_.default, random=True, static=True,
+          meta=True)
+def random_(x, from_=None, to=None, *, generator=None, key, aval):
+    if from_ is None:
+        hi = 2 ** 24 if is_float(aval.dtype) else (
+            2 if aval.dtype == jnp.bool_ else int(jnp.iinfo(aval.dtype).max) + 1)
+        from_, to = 0, min(hi, 2 ** 63 - 1)
+    if to is None:
+        to = 2 ** 63 - 1
+    r = jax.random.randint(key, aval.shape, from_, to, dtype=jnp.int64)
+    return cast(r, aval.dtype)
+
+
+@lowering(aten.exponential_.default, random=True, static=True, meta=True)
+def exponential_(x, lambd=1.0, *, generator=None, key, aval):
+    return cast(jax.random.exponential(key, aval.shape, _float(aval)) / lambd, aval.dtype)
+
+
+@lowering(aten.randperm.default, aten.randperm.generator, random=True, static=True, meta=True)
+def randperm(n, *, key, aval, generator=None, **_):
+    return cast(jax.random.permutation(key, n), aval.dtype)
+
+
+@lowering(aten.multinomial.default, random=True, static=True, meta=True)
+def multinomial(probs, num_samples, replacement=False, *, generator=None, key, aval):
+    logits = jnp.log(probs)
+    if replacement:
+        keys = jax.random.split(key, num_samples)
+        draws = jax.vmap(lambda k: jax.random.categorical(k, logits, axis=-1))(keys)
+        return jnp.moveaxis(draws, 0, -1).astype(aval.dtype)
+    g = jax.random.gumbel(key, probs.shape, jnp.float32)
+    scores = jnp.where(probs > 0, logits + g, -jnp.inf)
+    return jnp.argsort(-scores, axis=-1)[..., :num_samples].astype(aval.dtype)

@@ -1,0 +1,206 @@
+"""Reductions: sum/mean/prod, min/max/argmin/argmax, var/std, norms, logsumexp, any/all, cumulative ops."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ._helpers import acc_dtype, cast, dim, dims, is_float
+from .registry import aten, lowering
+
+
+def _red_dims(x, d):
+    if d is None or (isinstance(d, (list, tuple)) and len(d) == 0):
+        return tuple(range(x.ndim))
+    return dims(d, x.ndim)
+
+
+@lowering(aten.sum.default, aten.sum.dim_IntList, meta=True)
+def sum_(x, d=None, keepdim=False, *, dtype=None, aval):
+    acc = acc_dtype(aval.dtype) if is_float(aval.dtype) else aval.dtype
+    x = cast(x, acc)
+    return jnp.sum(x, axis=_red_dims(x, d), keepdims=keepdim)
+
+
+@lowering(aten.mean.default, aten.mean.dim, meta=True)
+def mean(x, d=None, keepdim=False, *, dtype=None, aval):
+    x = cast(x, acc_dtype(aval.dtype))
+    return jnp.mean(x, axis=_red_dims(x, d), keepdims=keepdim)
+
+
+@lowering(aten.prod.default, aten.prod.dim_int, meta=True)
+def prod(x, d=None, keepdim=False, *, dtype=None, aval):
+    x = cast(x, acc_dtype(aval.dtype))
+    return jnp.prod(x, axis=None if d is None else dim(d, x.ndim), keepdims=keepdim)
+
+
+@lowering(aten.amax.default)
+def amax(x, d=(), keepdim=False):
+    return jnp.max(x, axis=_red_dims(x, d), keepdims=keepdim)
+
+
+@lowering(aten.amin.default)
+def amin(x, d=(), keepdim=False):
+    return jnp.min(x, axis=_red_dims(x, d), keepdims=keepdim)
+
+
+@lowering(aten.max.default)
+def max_(x):
+    return jnp.max(x)
+
+
+@lowering(aten.min.default)
+def min_(x):
+    return jnp.min(x)
+
+
+def _arg(fn, x, d, keepdim):
+    if d is None:
+        return fn(jnp.reshape(x, (-1,)), axis=0, keepdims=False).reshape(
+            (1,) * x.ndim if keepdim else ())
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int64)
+    return fn(x, axis=dim(d, x.ndim), keepdims=keepdim)
+
+
+@lowering(aten.argmax.default)
+def argmax(x, d=None, keepdim=False):
+    return _arg(jnp.argmax, x, d, keepdim)
+
+
+@lowering(aten.argmin.default)
+def argmin(x, d=None, keepdim=False):
+    return _arg(jnp.argmin, x, d, keepdim)
+
+
+@lowering(aten.max.dim)
+def max_dim(x, d, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = dim(d, x.ndim)
+    return jnp.max(x, axis=d, keepdims=keepdim), jnp.argmax(x, axis=d, keepdims=keepdim)
+
+
+@lowering(aten.min.dim)
+def min_dim(x, d, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = dim(d, x.ndim)
+    return jnp.min(x, axis=d, keepdims=keepdim), jnp.argmin(x, axis=d, keepdims=keepdim)
+
+
+def _correction(correction, unbiased):
+    if correction is not None:
+        return correction
+    return 1 if unbiased is None or unbiased else 0
+
+
+@lowering(aten.var.correction, static=True, meta=True)
+def var(x, d=None, *, correction=None, keepdim=False, aval):
+    x = cast(x, acc_dtype(aval.dtype))
+    return jnp.var(x, axis=_red_dims(x, d), ddof=_correction(correction, None), keepdims=keepdim)
+
+
+@lowering(aten.std.correction, static=True, meta=True)
+def std(x, d=None, *, correction=None, keepdim=False, aval):
+    x = cast(x, acc_dtype(aval.dtype))
+    return jnp.std(x, axis=_red_dims(x, d), ddof=_correction(correction, None), keepdims=keepdim)
+
+
+@lowering(aten.var_mean.correction, static=True)
+def var_mean(x, d=None, *, correction=None, keepdim=False):
+    ax = _red_dims(x, d)
+    return (jnp.var(x, axis=ax, ddof=_correction(correction, None), keepdims=keepdim),
+            jnp.mean(x, axis=ax, keepdims=keepdim))
+
+
+@lowering(aten.std_mean.correction, static=True)
+def std_mean(x, d=None, *, correction=None, keepdim=False):
+    ax = _red_dims(x, d)
+    return (jnp.std(x, axis=ax, ddof=_correction(correction, None), keepdims=keepdim),
+            jnp.mean(x, axis=ax, keepdims=keepdim))
+
+
+@lowering(aten.logsumexp.default)
+def logsumexp(x, d, keepdim=False):
+    import jax.scipy.special as sp
+    if not is_float(x.dtype):
+        x = x.astype(jnp.float32)
+    return sp.logsumexp(x, axis=_red_dims(x, d), keepdims=keepdim)
+
+
+@lowering(aten.any.default, aten.any.dim, aten.any.dims)
+def any_(x, d=None, keepdim=False):
+    return jnp.any(x != 0, axis=None if d is None else _red_dims(x, d), keepdims=keepdim)
+
+
+@lowering(aten.all.default, aten.all.dim, aten.all.dims)
+def all_(x, d=None, keepdim=False):
+    return jnp.all(x != 0, axis=None if d is None else _red_dims(x, d), keepdims=keepdim)
+
+
+@lowering(aten.linalg_vector_norm.default, static=True, meta=True)
+def vector_norm(x, ord=2, d=None, keepdim=False, *, dtype=None, aval):
+    x = jnp.abs(cast(x, aval.dtype))
+    ax = _red_dims(x, d)
+    if ord == float("inf"):
+        return jnp.max(x, axis=ax, keepdims=keepdim)
+    if ord == float("-inf"):
+        return jnp.min(x, axis=ax, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum((x != 0).astype(x.dtype), axis=ax, keepdims=keepdim)
+    if ord == 1:
+        return jnp.sum(x, axis=ax, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(x * x, axis=ax, keepdims=keepdim))
+    return jnp.sum(x ** ord, axis=ax, keepdims=keepdim) ** (1.0 / ord)
+
+
+@lowering(aten.cumsum.default, meta=True)
+def cumsum(x, d, *, dtype=None, aval):
+    x = cast(x, aval.dtype)
+    return jnp.cumsum(x, axis=dim(d, x.ndim)) if x.ndim else x
+
+
+@lowering(aten.cumprod.default, meta=True)
+def cumprod(x, d, *, dtype=None, aval):
+    x = cast(x, aval.dtype)
+    return jnp.cumprod(x, axis=dim(d, x.ndim)) if x.ndim else x
+
+
+def _cum_extreme(x, d, op):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = dim(d, x.ndim)
+    n = x.shape[d]
+    idx = lax.broadcasted_iota(jnp.int64, x.shape, d)
+
+    def combine(a, b):
+        va, ia = a
+        vb, ib = b
+        if is_float(x.dtype):
+            take_b = op(vb, va) | (vb == va) | jnp.isnan(vb)
+            take_b = take_b & ~(jnp.isnan(va) & ~jnp.isnan(vb))
+        else:
+            take_b = op(vb, va) | (vb == va)
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    if n == 0:
+        return x, idx
+    return lax.associative_scan(combine, (x, idx), axis=d)
+
+
+@lowering(aten.cummax.default)
+def cummax(x, d):
+    return _cum_extreme(x, d, jnp.greater)
+
+
+@lowering(aten.cummin.default)
+def cummin(x, d):
+    return _cum_extreme(x, d, jnp.less)
+
+
+@lowering(aten.logcumsumexp.default)
+def logcumsumexp(x, d):
+    if x.ndim == 0:
+        return x
+    return lax.cumlogsumexp(x, axis=dim(d, x.ndim))

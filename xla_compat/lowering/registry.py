@@ -1,0 +1,68 @@
+"""The one registry from aten overloads to lowering rules (pure functions on jax arrays).
+
+A rule takes the op's arguments in aten's order, with every tensor replaced by a jax array
+(lists of tensors by lists of arrays) and returns an array or a tuple of arrays, one per op
+output. Mutating ops are lowered through their functional variant; a rule registered on a
+mutating overload returns the new value of each mutated argument (after any fresh outputs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A lowering rule and how the tracer must call it."""
+
+    fn: Callable
+    name: str
+    meta: bool = False      # pass aval=ShapeDtypeStruct (or a tuple of them) of the outputs
+    static: bool = False    # keep Scalar arguments as compile-time constants
+    random: bool = False    # pass key=<jax PRNG key>; the node threads the device RNG state
+
+
+_RULES: dict = {}
+
+
+def lowering(*ops, meta: bool = False, static: bool = False, random: bool = False):
+    """Register ``fn`` as the lowering of every aten overload (or packet) in ``ops``."""
+
+    def register(fn):
+        for op in ops:
+            overloads = [getattr(op, n) for n in op.overloads()] if isinstance(
+                op, torch._ops.OpOverloadPacket) else [op]
+            for ov in overloads:
+                _RULES[ov] = Rule(fn, f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}",
+                                  meta, static, random)
+        return fn
+
+    return register
+
+
+def lookup(op) -> Rule | None:
+    return _RULES.get(op)
+
+
+def registered() -> dict:
+    return dict(_RULES)
+
+
+def override(op, fn) -> Callable[[], None]:
+    """Replace one op's rule (test hooks plant bugs this way); returns the undo function."""
+    before = _RULES.get(op)
+    _RULES[op] = Rule(fn, f"override.{getattr(fn, '__name__', 'fn')}",
+                      before.meta if before else False, before.static if before else False,
+                      before.random if before else False)
+
+    def undo():
+        if before is None:
+            _RULES.pop(op, None)
+        else:
+            _RULES[op] = before
+
+    return undo

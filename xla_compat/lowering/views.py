@@ -1,0 +1,222 @@
+"""View ops as copies (``*_copy`` semantics) and their inverse ``*_scatter`` write-backs.
+
+The core computes what a view reads; aliasing is the paths' job. Every view overload and its
+``_copy`` twin share one rule.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._helpers import dim
+from .registry import aten, lowering
+
+
+@lowering(aten.view.default, aten.view_copy.default, aten._unsafe_view.default,
+          aten.reshape.default, aten._reshape_alias.default, aten._reshape_alias_copy.default,
+          aten.view.dtype, meta=True)
+def view(x, *shape, aval):
+    if x.dtype != aval.dtype:  # view.dtype: reinterpret bits
+        return _bitcast(x, aval)
+    return jnp.reshape(x, aval.shape)
+
+
+def _bitcast(x, aval):
+    src, dst = np.dtype(x.dtype).itemsize, np.dtype(aval.dtype).itemsize
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    target = aval.dtype if aval.dtype != jnp.bool_ else jnp.uint8
+    if src == dst:
+        out = lax.bitcast_convert_type(x, target)
+    elif src > dst:
+        out = lax.bitcast_convert_type(x, target).reshape(aval.shape)
+    else:
+        ratio = dst // src
+        out = lax.bitcast_convert_type(x.reshape(x.shape[:-1] + (x.shape[-1] // ratio, ratio)),
+                                       target)
+    return out.astype(jnp.bool_) if aval.dtype == jnp.bool_ else out.reshape(aval.shape)
+
+
+@lowering(aten.permute.default, aten.permute_copy.default)
+def permute(x, dims_):
+    return jnp.transpose(x, [dim(d, x.ndim) for d in dims_]) if x.ndim else x
+
+
+@lowering(aten.t.default, aten.t_copy.default)
+def t(x):
+    return x.T if x.ndim == 2 else x
+
+
+@lowering(aten.transpose.int, aten.transpose_copy.int)
+def transpose(x, d0, d1):
+    if x.ndim < 2:
+        return x
+    return jnp.swapaxes(x, dim(d0, x.ndim), dim(d1, x.ndim))
+
+
+@lowering(aten.expand.default, aten.expand_copy.default, meta=True)
+def expand(x, size, *, implicit=False, aval):
+    return jnp.broadcast_to(x, aval.shape)
+
+
+@lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze_copy.default,
+          aten.squeeze_copy.dim, aten.squeeze_copy.dims, aten.unsqueeze.default,
+          aten.unsqueeze_copy.default, aten.alias.default, aten.flatten.using_ints,
+          aten.unflatten.int, meta=True)
+def reshape_to(x, *args, aval):
+    return jnp.reshape(x, aval.shape)
+
+
+@lowering(aten.select.int, aten.select_copy.int)
+def select(x, d, index):
+    d = dim(d, x.ndim)
+    index = index + x.shape[d] if index < 0 else index
+    return lax.index_in_dim(x, index, d, keepdims=False)
+
+
+def _slice_bounds(size, start, end, step):
+    start = 0 if start is None else start
+    end = size if end is None else end
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end, step
+
+
+@lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice_(x, d=0, start=None, end=None, step=1):
+    d = dim(d, x.ndim)
+    start, end, step = _slice_bounds(x.shape[d], start, end, step)
+    return lax.slice_in_dim(x, start, end, step, axis=d)
+
+
+@lowering(aten.narrow.default, aten.narrow_copy.default)
+def narrow(x, d, start, length):
+    d = dim(d, x.ndim)
+    start = start + x.shape[d] if start < 0 else start
+    return lax.slice_in_dim(x, start, start + length, 1, axis=d)
+
+
+@lowering(aten.split.Tensor, aten.split_copy.Tensor)
+def split(x, split_size, d=0):
+    d = dim(d, x.ndim)
+    n = x.shape[d]
+    sizes = [min(split_size, n - i) for i in range(0, n, split_size)] if split_size else []
+    return _split_sizes(x, sizes or [n], d) if n or not split_size else [x]
+
+
+def _split_sizes(x, sizes, d):
+    out, start = [], 0
+    for s in sizes:
+        out.append(lax.slice_in_dim(x, start, start + s, 1, axis=d))
+        start += s
+    return out
+
+
+@lowering(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
+def split_with_sizes(x, sizes, d=0):
+    return _split_sizes(x, sizes, dim(d, x.ndim))
+
+
+@lowering(aten.unbind.int, aten.unbind_copy.int)
+def unbind(x, d=0):
+    d = dim(d, x.ndim)
+    return [lax.index_in_dim(x, i, d, keepdims=False) for i in range(x.shape[d])]
+
+
+def _diag_index(shape, offset, d1, d2):
+    n1, n2 = shape[d1], shape[d2]
+    if offset >= 0:
+        length = max(min(n1, n2 - offset), 0)
+        return np.arange(length), np.arange(length) + offset
+    length = max(min(n1 + offset, n2), 0)
+    return np.arange(length) - offset, np.arange(length)
+
+
+@lowering(aten.diagonal.default, aten.diagonal_copy.default)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    d1, d2 = dim(dim1, x.ndim), dim(dim2, x.ndim)
+    i1, i2 = _diag_index(x.shape, offset, d1, d2)
+    moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    return moved[..., i1, i2]
+
+
+@lowering(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = dim(dim1, x.ndim), dim(dim2, x.ndim)
+    i1, i2 = _diag_index(x.shape, offset, d1, d2)
+    moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    moved = moved.at[..., i1, i2].set(src.astype(x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+def _strided_index(size, stride, offset):
+    idx = np.full(tuple(size), offset, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    return idx
+
+
+@lowering(aten.as_strided.default, aten.as_strided_copy.default)
+def as_strided(x, size, stride, storage_offset=None):
+    idx = _strided_index(size, stride, storage_offset or 0)
+    return jnp.reshape(x, (-1,))[idx] if idx.size else jnp.zeros(tuple(size), x.dtype)
+
+
+@lowering(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    idx = _strided_index(size, stride, storage_offset or 0)
+    flat = jnp.reshape(x, (-1,)).at[idx.reshape(-1)].set(jnp.reshape(src, (-1,)).astype(x.dtype))
+    return flat.reshape(x.shape)
+
+
+@lowering(aten.unfold.default, aten.unfold_copy.default)
+def unfold(x, d, size, step):
+    if x.ndim == 0:
+        return jnp.reshape(x, (1,))
+    d = dim(d, x.ndim)
+    n = (x.shape[d] - size) // step + 1
+    idx = (np.arange(n)[:, None] * step + np.arange(size)[None, :])
+    taken = jnp.take(x, idx.reshape(-1), axis=d)
+    taken = taken.reshape(x.shape[:d] + (n, size) + x.shape[d + 1:])
+    return jnp.moveaxis(taken, d + 1, -1)
+
+
+@lowering(aten.slice_scatter.default)
+def slice_scatter(x, src, d=0, start=None, end=None, step=1):
+    d = dim(d, x.ndim)
+    start, end, step = _slice_bounds(x.shape[d], start, end, step)
+    src = src.astype(x.dtype)
+    if step == 1:
+        return lax.dynamic_update_slice_in_dim(x, src, start, axis=d)
+    index = [slice(None)] * x.ndim
+    index[d] = slice(start, end, step)
+    return x.at[tuple(index)].set(src)
+
+
+@lowering(aten.select_scatter.default)
+def select_scatter(x, src, d, index):
+    d = dim(d, x.ndim)
+    index = index + x.shape[d] if index < 0 else index
+    return lax.dynamic_update_index_in_dim(x, src.astype(x.dtype), index, d)
+
+
+@lowering(aten.view_as_real.default, aten.view_as_real_copy.default)
+def view_as_real(x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@lowering(aten.view_as_complex.default, aten.view_as_complex_copy.default)
+def view_as_complex(x):
+    return lax.complex(x[..., 0], x[..., 1])
+
+
+@lowering(aten.movedim.int, aten.movedim.intlist)
+def movedim(x, source, destination):
+    return jnp.moveaxis(x, source, destination)
+
+
