@@ -12,7 +12,7 @@ from . import _jax  # noqa: F401  (configures jax: x64)
 from . import device as _device
 from . import executor as _executor
 from . import lowering as _lowering
-from . import metrics
+from . import metrics, paths as _paths
 from .lazy import rng as _rng
 from .lazy.tensor import LazyTensor
 from .lazy.tracer import LoweringError, UnsupportedOpError
@@ -30,9 +30,8 @@ def device(index: int = 0):
 
 def sync(tensors=None, wait: bool = False) -> None:
     """Cut the pending graph, compile it (cached) and run it: torch_xla's ``mark_step``."""
-    from . import paths
-    paths.before_sync(tensors)
-    inner = paths.inner_tensors(tensors) if tensors is not None else None
+    _paths.before_sync(tensors)
+    inner = _paths.inner_tensors(tensors) if tensors is not None else None
     _executor.sync_tensors(inner, mark_step=tensors is None)
     if wait:
         _executor.wait_device_ops()
@@ -43,9 +42,8 @@ mark_step = sync
 
 def hlo_text(tensors) -> str:
     """StableHLO text of the graph that computes ``tensors`` (nothing runs)."""
-    from . import paths
-    paths.before_sync(tensors)
-    return _executor.hlo_text(paths.inner_tensors(tensors))
+    _paths.before_sync(tensors)
+    return _executor.hlo_text(_paths.inner_tensors(tensors))
 
 
 def manual_seed(seed: int) -> None:

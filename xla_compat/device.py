@@ -17,23 +17,17 @@ _registered = False
 _lib = None
 
 
-def _identity(t):
-    return t
+def _core_factory():
+    return LazyTensor, lambda t: t
 
 
-_factory_hook = _identity
-_factory_class = LazyTensor
+_factory_provider = _core_factory
 
 
-def set_factory(cls=LazyTensor, hook=_identity) -> None:
-    """What factories create: instances of ``cls``, passed through ``hook`` (the paths set this)."""
-    global _factory_class, _factory_hook
-    _factory_class, _factory_hook = cls, hook
-
-
-def factory():
-    return _factory_class, _factory_hook
-
+def set_factory_provider(fn) -> None:
+    """``fn()`` returns (LazyTensor subclass, wrap hook) for new tensors; the path layer sets it."""
+    global _factory_provider
+    _factory_provider = fn
 
 
 def new_empty(size, dtype) -> torch.Tensor:
@@ -42,8 +36,8 @@ def new_empty(size, dtype) -> torch.Tensor:
     size = tuple(int(s) for s in size)
     aval = Aval(size, _jax.to_jax_dtype(dtype))
     node = Node("empty", _EmptyRule(aval), (), (), (), (aval,))
-    cls, hook = factory()
-    return hook(cls(Value(node, 0), size, dtype))
+    cls, wrap = _factory_provider()
+    return wrap(cls(Value(node, 0), size, dtype))
 
 
 class _EmptyRule:

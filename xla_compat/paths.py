@@ -1,39 +1,132 @@
-"""Hooks through which the paths take part in syncs and transfers without the core importing them.
+"""The contract between the core and the paths: what a path provides, and which path is active.
 
-A path registers ``before_sync(tensors)`` (apply pending alias updates) and ``inner(t)`` (the
-LazyTensor holding a user-visible tensor's value). The dispatch layer decides which path new
-tensors get; this module only fans out to whatever paths are loaded.
+Each path package (``xla_compat.legacy``, ``xla_compat.functional``) registers one ``PathImpl``
+at import. The core calls only through this module, so it never imports a path; the dispatch
+layer (``xla_compat.dispatch``) decides which path is active and is the only code that knows
+both exist. ``core`` is registered here: bare LazyTensors, views as copies (no aliasing).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from . import device as _device
 from .lazy.tensor import LazyTensor
 
-_before_sync: list = []
-_inner: list = []
+
+def _identity(t):
+    return t
 
 
-def register(before_sync=None, inner=None) -> None:
-    if before_sync is not None:
-        _before_sync.append(before_sync)
-    if inner is not None:
-        _inner.append(inner)
+def _nothing(tensors) -> None:
+    return None
 
 
-def before_sync(tensors) -> None:
-    for fn in _before_sync:
-        fn(tensors)
+def _always() -> Optional[str]:
+    return None
 
 
-def inner_tensor(t):
-    if isinstance(t, LazyTensor):
-        return t
-    for fn in _inner:
-        got = fn(t)
-        if got is not None:
-            return got
-    raise TypeError(f"xla_compat: {type(t).__name__} on {getattr(t, 'device', '?')} is not an "
-                    f"hlo tensor")
+@dataclass(frozen=True)
+class PathImpl:
+    """What a path provides to the core and the dispatch layer."""
+
+    name: str
+    version: str
+    torch_versions: str                      # a packaging specifier set, e.g. ">=2.13"
+    tensor_cls: type                         # LazyTensor subclass factories create
+    wrap: Callable = _identity               # LazyTensor -> user-visible tensor
+    inner: Callable = _identity              # user-visible tensor -> its LazyTensor (synced)
+    owns: Callable = lambda t: False         # is this user-visible tensor one of ours?
+    before_sync: Callable = _nothing         # apply pending alias updates (tensors or None=all)
+    probe: Callable = _always                # None if this torch can run the path, else why not
+    to_path: Callable = None                 # copy a tensor of another path onto this one
+    extras: dict = field(default_factory=dict)
 
 
-def inner_tensors(tensors) -> list:
+_registry: dict[str, PathImpl] = {}
+_local = threading.local()
+_default = "core"
+
+
+def register(impl: PathImpl) -> None:
+    _registry[impl.name] = impl
+
+
+def get(name: str) -> PathImpl:
+    try:
+        return _registry[name]
+    except KeyError:
+        raise ValueError(f"xla_compat: unknown path {name!r}; known paths: "
+                         f"{', '.join(sorted(_registry))}") from None
+
+
+def names() -> list[str]:
+    return sorted(_registry)
+
+
+def active() -> PathImpl:
+    """The path new tensors get in this thread (a scoped override, else the process default)."""
+    stack = getattr(_local, "stack", None)
+    return get(stack[-1] if stack else _default)
+
+
+def set_default(name: str) -> None:
+    """The process-wide path (the dispatch layer's decision)."""
+    global _default
+    get(name)
+    _default = name
+
+
+def _factory():
+    impl = active()
+    return impl.tensor_cls, impl.wrap
+
+
+@contextlib.contextmanager
+def activated(name: str):
+    """Create tensors on path ``name`` inside the block (this thread only)."""
+    get(name)
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(name)
+    try:
+        yield get(name)
+    finally:
+        stack.pop()
+
+
+def of(t: torch.Tensor) -> Optional[str]:
+    """The name of the path a device tensor belongs to, or None for non-hlo tensors."""
+    for impl in _registry.values():
+        if impl.owns(t):
+            return impl.name
+    if type(t) is LazyTensor:
+        return "core"
+    return None
+
+
+def before_sync(tensors=None) -> None:
+    for impl in list(_registry.values()):
+        impl.before_sync(tensors)
+
+
+def inner_tensor(t) -> LazyTensor:
+    name = of(t)
+    if name is None:
+        raise TypeError(f"xla_compat: a {type(t).__name__} on {getattr(t, 'device', '?')} is "
+                        f"not an hlo tensor")
+    return get(name).inner(t)
+
+
+def inner_tensors(tensors: Iterable) -> list:
     return [inner_tensor(t) for t in tensors]
+
+
+_device.set_factory_provider(_factory)
+register(PathImpl(name="core", version="0", torch_versions=">=2.13", tensor_cls=LazyTensor,
+                  owns=lambda t: type(t) is LazyTensor))

@@ -1,0 +1,59 @@
+"""Shared fixtures: every behaviour test runs on both paths, against torch on CPU."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import xla_compat as xc
+from xla_compat import paths
+
+# The two paths users migrate between. A path package registers itself when imported.
+PATHS = ("legacy", "functional")
+
+
+def _load(name: str) -> bool:
+    try:
+        importlib.import_module(f"xla_compat.{name}")
+    except ImportError:
+        return False
+    return name in paths.names()
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    """Run the test with new device tensors created on this path."""
+    name = request.param
+    if not _load(name):
+        pytest.fail(f"path {name!r} is not importable/registered")
+    with paths.activated(name):
+        yield name
+
+
+@pytest.fixture
+def dev():
+    return xc.device()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_metrics():
+    xc.metrics.reset()
+    yield
+
+
+def assert_same(actual, expected, rtol=1.3e-6, atol=1e-5, msg=""):
+    """Compare a device tensor (or nested structure) with a CPU reference."""
+    if isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), msg
+        for a, e in zip(actual, expected):
+            assert_same(a, e, rtol, atol, msg)
+        return
+    if isinstance(expected, torch.Tensor):
+        a = actual.detach().cpu() if isinstance(actual, torch.Tensor) else torch.as_tensor(actual)
+        assert a.dtype == expected.dtype, f"{msg} dtype {a.dtype} != {expected.dtype}"
+        assert a.shape == expected.shape, f"{msg} shape {tuple(a.shape)} != {tuple(expected.shape)}"
+        torch.testing.assert_close(a, expected.detach(), rtol=rtol, atol=atol, equal_nan=True,
+                                   msg=msg or None)
+        return
+    assert actual == expected, msg
