@@ -47,6 +47,8 @@ class LazyTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         from . import tracer
+        if len(types) > 1:
+            tracer.check_paths(types, func)
         return tracer.trace(cls, func, args, kwargs or {})
 
     # -- leaving the device ------------------------------------------------------------------

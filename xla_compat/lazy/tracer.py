@@ -252,6 +252,20 @@ def special(*ops):
     return register
 
 
+class PathMixError(RuntimeError):
+    """One op got tensors that live on two different paths."""
+
+
+def check_paths(types, func) -> None:
+    """Raise if ``types`` (from __torch_dispatch__) hold LazyTensors of more than one path."""
+    names = sorted({t.path_name for t in types if issubclass(t, LazyTensor)})
+    if len(names) > 1:
+        raise PathMixError(
+            f"xla_compat: {func} got tensors from the {names[0]} and the {names[1]} path in one op. "
+            f"Tensors remember the path they were created on; move one across with "
+            f"xc.to_path(tensor, {names[0]!r}) (or {names[1]!r}) before combining them.")
+
+
 def trace(cls, func, args, kwargs):
     with lock:
         handler = _SPECIAL.get(func)
