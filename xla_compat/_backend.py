@@ -30,6 +30,14 @@ class _BackendModule(types.ModuleType):
 
     manual_seed = manual_seed_all
 
+    def get_rng_state(self, device=None):
+        from .lazy import rng
+        return rng.get_state()
+
+    def set_rng_state(self, new_state, device=None):
+        from .lazy import rng
+        rng.set_state(new_state)
+
     def is_initialized(self):
         return True
 

@@ -48,3 +48,20 @@ def pending() -> Value | None:
 def set_materialized(value: Value) -> None:
     global _state
     _state = value
+
+
+def get_state():
+    """The state as a CPU uint8 tensor (torch's ``get_rng_state`` shape); syncs a pending state."""
+    import torch
+    if pending() is not None:
+        from .. import executor
+        executor.sync_tensors()
+    words = np.asarray(state().node.array, dtype=np.uint32)
+    return torch.from_numpy(words.view(np.uint8).copy())
+
+
+def set_state(new_state) -> None:
+    """Restore a state returned by ``get_state``."""
+    global _state
+    words = np.asarray(new_state.detach().cpu().numpy(), dtype=np.uint8).view(np.uint32)
+    _state = leaf(jax.device_put(words.reshape(STATE_AVAL.shape)))
