@@ -85,6 +85,14 @@ def register() -> None:
     _lib = torch.library.Library("aten", "IMPL")
     _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
     _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    # Reached below the Python key (torch.tensor(..., device="hlo") copies this way).
+    _lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    _lib.impl("_copy_from_and_resize", _copy_from, "PrivateUse1")
+
+
+def _copy_from(src, dst, non_blocking=False):
+    from .lazy import tracer
+    return tracer.copy_into(dst, src)
 
 
 def device(index: int = 0) -> torch.device:

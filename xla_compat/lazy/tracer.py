@@ -99,11 +99,17 @@ def _meta_of(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-def to_meta(x):
+def to_meta(x, memo=None):
+    """Meta twins of the tensors in ``x``; ``memo`` maps id(tensor) -> its twin."""
     if isinstance(x, torch.Tensor):
-        return _meta_of(x)
+        m = _meta_of(x)
+        if memo is not None:
+            memo[id(x)] = m
+        return m
     if isinstance(x, (list, tuple)):
-        return type(x)(to_meta(e) for e in x)
+        return type(x)(to_meta(e, memo) for e in x)
+    if isinstance(x, torch.device):
+        return torch.device("meta")
     return x
 
 
@@ -211,13 +217,13 @@ def wrap_outputs(cls, meta_out, node: Node, start: int = 0):
     return conv(meta_out)
 
 
-def run_meta(func, args, kwargs):
+def run_meta(func, args, kwargs, memo=None):
     try:
-        return func(*to_meta(args), **to_meta(kwargs))
+        return func(*to_meta(args, memo), **{k: to_meta(v, memo) for k, v in kwargs.items()})
     except NotImplementedError:
         raise
     except Exception as e:  # the same error type eager raises, with the op named
-        _reraise(e, func, args)
+        _reraise(e, func, (args, list(kwargs.values())))
 
 
 def _reraise(e: Exception, func, args):
@@ -306,7 +312,8 @@ def functional_results(cls, func, args, kwargs):
         target = functional
     if rule is None:
         return None
-    meta_out = run_meta(func, args, kwargs)
+    memo: dict = {}
+    meta_out = run_meta(func, args, kwargs, memo)
     bound = _bind(func, args, kwargs)
     mutated_tensors = []
     for n in names:
@@ -323,7 +330,8 @@ def functional_results(cls, func, args, kwargs):
         f_args, f_kwargs = _drop_out_args(func, args, kwargs, names)
     else:
         f_args, f_kwargs = args, kwargs
-    out_metas = fresh_metas + [_meta_of(m) for m in mutated_tensors]
+    # The meta kernel resized out= twins where eager would resize the real tensors.
+    out_metas = fresh_metas + [memo[id(m)] for m in mutated_tensors]
     node = make_node(target, rule, f_args, f_kwargs, out_metas)
     pairs = [(m, Value(node, fresh + i)) for i, m in enumerate(mutated_tensors)]
     return meta_out, node, pairs, fresh
@@ -355,18 +363,26 @@ def trace_mutation(cls, func, args, kwargs):
 
 
 def rebind(tensor: LazyTensor, value: Value) -> None:
-    """Make ``value`` the tensor's value, cast to its dtype (in-place ops keep self's dtype)."""
+    """Make ``value`` the tensor's value, cast to its dtype (in-place ops keep self's dtype).
+
+    An out= tensor of another shape is resized, as eager does.
+    """
     want = _jax.to_jax_dtype(tensor.dtype)
-    if value.aval.dtype != want or value.aval.shape != tuple(tensor.shape):
-        value = convert(value, want, tuple(tensor.shape))
+    shape = tuple(value.aval.shape)
+    if shape != tuple(tensor.shape):
+        resize(tensor, shape)
+    if value.aval.dtype != want:
+        value = convert(value, want, shape)
     tensor._value = value
 
 
+def resize(tensor: LazyTensor, shape) -> None:
+    """Give a wrapper tensor new sizes (contiguous strides) in place."""
+    probe = type(tensor)(tensor._value, shape, tensor.dtype)
+    torch._C.TensorBase.data.__set__(tensor, probe)
+
+
 def convert(value: Value, dtype, shape) -> Value:
-    if value.aval.shape != shape and value.aval.shape != tuple(int(s) for s in shape):
-        raise RuntimeError(
-            f"xla_compat: cannot write a {value.aval.dtype}{list(value.aval.shape)} result into "
-            f"a tensor of shape {list(shape)} (out= resizing is not supported on hlo)")
     node = Node("convert_element_type", _convert_rule(dtype), (Slot(0),), (), (value,),
                 (Aval(tuple(shape), dtype),))
     return Value(node, 0)
@@ -531,6 +547,12 @@ def _copy(cls, func, args, kwargs):
         src, dst = args[0], args[1]
     else:
         dst, src = args[0], args[1]
+    return copy_into(dst, src)
+
+
+def copy_into(dst, src):
+    """``dst.copy_(src)`` where either side may be on the CPU."""
+    cls = type(dst) if isinstance(dst, LazyTensor) else type(src)
     if not isinstance(dst, LazyTensor):
         dst.copy_(materialize_cpu(src))
         return dst

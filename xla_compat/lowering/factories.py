@@ -8,7 +8,8 @@ from ._helpers import cast, is_float
 from .registry import aten, lowering
 
 
-@lowering(aten.arange.start_step, aten.arange.start, aten.arange.default, meta=True)
+@lowering(aten.arange.start_step, aten.arange.start, aten.arange.default, aten.arange.start_out,
+          aten.arange.out, meta=True)
 def arange(start, end=None, step=1, *, aval, **_):
     if end is None:
         start, end = 0, start
@@ -19,15 +20,16 @@ def arange(start, end=None, step=1, *, aval, **_):
     return cast(cast(start, acc) + i * cast(step, acc), aval.dtype)
 
 
-@lowering(aten.linspace.default, static=True, meta=True)
+@lowering(aten.linspace.default, aten.linspace.out, static=True, meta=True)
 def linspace(start, end, steps, *, aval, **_):
     if steps == 1:
         return jnp.full((1,), start, aval.dtype)
-    acc = jnp.float64
-    step = (end - start) / (steps - 1)
+    # Eager's kernel steps in the output type (double for integer outputs), from both ends.
+    acc = aval.dtype if is_float(aval.dtype) else jnp.float64
+    s, e = cast(start, acc), cast(end, acc)
+    step = (e - s) / cast(steps - 1, acc)
     i = lax.iota(acc, steps)
-    half = steps // 2
-    out = jnp.where(i < half, start + step * i, end - step * (steps - 1 - i))
+    out = jnp.where(i < steps // 2, s + step * i, e - step * (cast(steps - 1, acc) - i))
     return cast(out, aval.dtype)
 
 
@@ -50,7 +52,7 @@ def ones(*args, aval, **_):
     return jnp.ones(aval.shape, aval.dtype)
 
 
-@lowering(aten.eye.default, aten.eye.m, meta=True)
+@lowering(aten.eye.default, aten.eye.m, aten.eye.out, aten.eye.m_out, meta=True)
 def eye(*args, aval, **_):
     n, m = aval.shape
     return jnp.eye(n, m, dtype=aval.dtype)

@@ -1,0 +1,120 @@
+"""The hlo device: factories, transfers, dtypes, printing and saving, on both paths."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+
+import xla_compat as xc
+from tests.conftest import assert_same
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+          torch.int8, torch.uint8, torch.bool]
+
+
+def test_device_is_hlo0(path, dev):
+    assert dev == torch.device("hlo:0")
+    assert torch.zeros(2, device="hlo").device == dev
+    assert torch.ones(2, device=dev).device.type == "hlo"
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: torch.zeros(2, 3, device=d),
+    lambda d: torch.ones(4, device=d, dtype=torch.int64),
+    lambda d: torch.full((2, 2), 7.5, device=d),
+    lambda d: torch.arange(10, device=d),
+    lambda d: torch.arange(1.0, 4.0, 0.5, device=d),
+    lambda d: torch.eye(3, 4, device=d),
+    lambda d: torch.linspace(0, 1, 7, device=d),
+    lambda d: torch.tensor([[1, 2], [3, 4]], device=d),
+    lambda d: torch.zeros_like(torch.ones(3, 2, device=d)),
+    lambda d: torch.ones_like(torch.ones(3, 2, device=d), dtype=torch.bool),
+    lambda d: torch.full_like(torch.ones(3, device=d), 2),
+    lambda d: torch.empty(0, 3, device=d).fill_(1),
+], ids=["zeros", "ones_int", "full", "arange", "arange_float", "eye", "linspace", "tensor",
+        "zeros_like", "ones_like_bool", "full_like", "empty_zero_size"])
+def test_factories_match_cpu(path, dev, make):
+    assert_same(make(dev), make("cpu"), rtol=0, atol=0)
+
+
+def test_random_factories_have_right_shape_dtype_and_range(path, dev):
+    r = torch.rand(1000, device=dev).cpu()
+    assert r.shape == (1000,) and r.dtype == torch.float32
+    assert 0 <= r.min() and r.max() < 1 and 0.4 < r.mean() < 0.6
+    n = torch.randn(2000, device=dev, dtype=torch.float64).cpu()
+    assert n.dtype == torch.float64 and abs(n.mean()) < 0.15 and 0.85 < n.std() < 1.15
+    i = torch.randint(3, 9, (500,), device=dev).cpu()
+    assert i.dtype == torch.int64 and i.min() >= 3 and i.max() <= 8 and len(i.unique()) == 6
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dtypes_round_trip_and_compute(path, dev, dtype):
+    base = torch.tensor([[0, 1, 2], [3, 4, 5]]).to(dtype)
+    x = base.to(dev)
+    assert x.dtype == dtype
+    assert_same(x, base, rtol=0, atol=0)
+    if dtype == torch.bool:
+        assert_same(x & ~x, base & ~base, rtol=0, atol=0)
+    else:
+        assert_same(x + x, base + base, rtol=0, atol=0)
+        assert_same(x.sum(0), base.sum(0), rtol=0, atol=0)
+
+
+def test_int64_beyond_2_pow_31_stays_exact(path, dev):
+    big = torch.tensor([2**40 + 1, -(2**33) - 3, 2**62], dtype=torch.int64)
+    x = big.to(dev)
+    assert_same(x * 3 - 7, big * 3 - 7, rtol=0, atol=0)
+    assert_same(x // 5, big // 5, rtol=0, atol=0)
+    assert (x + 1).cpu().tolist() == (big + 1).tolist()
+
+
+def test_transfers_item_tolist_numpy(path, dev):
+    c = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    x = c.to(dev)
+    assert x.sum().item() == 15.0
+    assert x.tolist() == c.tolist()
+    assert (x.numpy() == c.numpy()).all()
+    assert x.to("cpu").device.type == "cpu"
+    assert_same(x.to(torch.float64), c.to(torch.float64))
+    assert_same(x.to(dev, torch.int32), c.to(torch.int32), rtol=0, atol=0)
+
+
+def test_print_shows_values_and_device(path, dev):
+    x = torch.tensor([1.5, 2.5], device=dev)
+    text = repr(x)
+    assert "1.5000" in text and "hlo:0" in text
+    assert "2.5000" in str(x)
+
+
+def test_torch_save_stores_cpu_data(path, dev):
+    x = torch.arange(4.0, device=dev) * 2
+    buf = io.BytesIO()
+    torch.save({"x": x}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf)
+    assert loaded["x"].device.type == "cpu"
+    assert torch.equal(loaded["x"], torch.arange(4.0) * 2)
+
+
+def test_module_to_device_moves_parameters_and_buffers(path, dev):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    ref = [t.clone() for t in m.state_dict().values()]
+    m.to(dev)
+    for p in m.parameters():
+        assert p.device == dev and p.requires_grad and isinstance(p, nn.Parameter)
+    for (name, t), r in zip(m.state_dict().items(), ref):
+        assert t.device == dev, name
+        assert_same(t, r, rtol=0, atol=0)
+
+
+def test_cpu_scalar_tensor_mixes_with_device_tensor(path, dev):
+    x = torch.ones(3, device=dev)
+    assert_same(x * torch.tensor(2.5), torch.ones(3) * 2.5)
+
+
+def test_mixing_cpu_and_device_tensors_is_a_clear_error(path, dev):
+    with pytest.raises(RuntimeError, match="same device|device"):
+        torch.ones(3, device=dev) + torch.ones(3)
