@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -52,6 +54,54 @@ def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str,
     return low
 
 
+def _lenient(errors: list, parse, *args):
+    """``parse(*args)``, or None with the error recorded: dispatch settings never crash a job."""
+    try:
+        return parse(*args)
+    except SettingError as e:
+        errors.append(str(e))
+        return None
+
+
+def _opt_flag(env: Mapping[str, str], name: str) -> bool | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    return _flag(env, name, False)
+
+
+def _number(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r}: expected a number from 0 to 100") from None
+
+
+def _patterns(env: Mapping[str, str], name: str) -> tuple[str, ...] | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+# Where the rollout's stickiness key comes from, in order. The first three are the same on every
+# host, rank and restart of one job; the last is sticky only across restarts on one host (set
+# XLA_JOB_ID for multi-host jobs).
+JOB_ID_SOURCES = ("XLA_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+
+
+def _job_id(env: Mapping[str, str]) -> tuple[str | None, str]:
+    for name in JOB_ID_SOURCES:
+        value = (env.get(name) or "").strip()
+        if value:
+            return value, name
+    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else "<interactive>"
+    return f"{socket.gethostname()}:{script}", "hostname+script"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything configurable, as read from the environment at first use."""
@@ -64,17 +114,48 @@ class Settings:
     donate: bool = True                 # XLA_DONATE_BUFFERS: donate overwritten inputs
     raw: Mapping[str, str] = field(default_factory=dict)  # every XLA_* variable seen
 
+    # -- path dispatch and rollout (xla_compat.dispatch, xla_compat.rollout) --------------------
+    # None means "not set here"; the rollout file (rollout_config) fills what the environment
+    # leaves unset. Malformed values are recorded in dispatch_errors instead of raising: the
+    # decision then takes the safe default with reason CONFIG_ERROR.
+    use_functionalization: bool | None = None   # XLA_USE_FUNCTIONALIZATION=1|0: explicit path
+    kill_switch: bool | None = None             # XLA_ROLLOUT_KILL_SWITCH=1: legacy everywhere
+    rollout_percentage: float | None = None     # XLA_ROLLOUT_PERCENTAGE: 0-100 (0.01 steps)
+    rollout_salt: str | None = None             # XLA_ROLLOUT_SALT: reshuffles the buckets
+    rollout_allow: tuple[str, ...] | None = None  # XLA_ROLLOUT_ALLOW: job-id globs, comma-separated
+    rollout_deny: tuple[str, ...] | None = None   # XLA_ROLLOUT_DENY: job-id globs, comma-separated
+    min_torch_version: str | None = None        # XLA_ROLLOUT_MIN_TORCH: no rollout below this
+    rollout_config: str | None = None           # XLA_ROLLOUT_CONFIG: a .json or .toml file
+    job_id: str | None = None                   # XLA_JOB_ID, else one of JOB_ID_SOURCES
+    job_id_source: str = "unset"                # which variable gave job_id
+    torch_version: str | None = None            # None: the running torch (tests inject others)
+    dispatch_errors: tuple[str, ...] = ()       # malformed dispatch values, one message each
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
+        errors: list[str] = []
+        job_id, job_id_source = _job_id(env)
         return cls(
+            use_functionalization=_lenient(errors, _opt_flag, env, "XLA_USE_FUNCTIONALIZATION"),
+            kill_switch=_lenient(errors, _opt_flag, env, "XLA_ROLLOUT_KILL_SWITCH"),
+            rollout_percentage=_lenient(errors, _number, env, "XLA_ROLLOUT_PERCENTAGE"),
+            rollout_salt=env.get("XLA_ROLLOUT_SALT") or None,
+            rollout_allow=_patterns(env, "XLA_ROLLOUT_ALLOW"),
+            rollout_deny=_patterns(env, "XLA_ROLLOUT_DENY"),
+            min_torch_version=(env.get("XLA_ROLLOUT_MIN_TORCH") or "").strip() or None,
+            rollout_config=env.get("XLA_ROLLOUT_CONFIG") or None,
+            job_id=job_id,
+            job_id_source=job_id_source,
+            dispatch_errors=tuple(errors),
             cpu_fallback=_choice(env, "XLA_CPU_FALLBACK", "warn", ("warn", "silent", "error")),
             ir_debug=_flag(env, "XLA_IR_DEBUG", True),
             dump_path=env.get("XLA_HLO_DUMP") or None,
             metrics_file=env.get("XLA_METRICS_FILE") or None,
             compile_cache_size=_int(env, "XLA_COMPILE_CACHE_SIZE", 1024, lo=1),
             donate=_flag(env, "XLA_DONATE_BUFFERS", True),
-            raw={k: v for k, v in env.items() if k.startswith("XLA_")},
+            raw={k: v for k, v in env.items()
+                 if k.startswith("XLA_") or k in JOB_ID_SOURCES},
         )
 
     def replace(self, **changes) -> "Settings":
@@ -91,6 +172,15 @@ def get() -> Settings:
         with _lock:
             if _current is None:
                 _current = Settings.from_env()
+    return _current
+
+
+def reload(env: Mapping[str, str] | None = None) -> Settings:
+    """Rebuild the settings from ``env`` (default: the environment); the CLI uses this after it
+    sets the variables a subcommand forces. Returns the new settings."""
+    global _current
+    with _lock:
+        _current = Settings.from_env(env)
     return _current
 
 
