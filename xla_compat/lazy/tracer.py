@@ -11,7 +11,7 @@ import functools
 import warnings
 
 import torch
-from torch._decomp import decomposition_table
+from torch._decomp import core_aten_decompositions
 
 from .. import _jax, metrics, settings
 from ..lowering import registry
@@ -34,7 +34,8 @@ class LoweringError(RuntimeError):
 # Schema facts, computed once per overload.
 
 def _is_scalar_type(t) -> bool:
-    if isinstance(t, torch.NumberType):
+    # A Python number in a Tensor slot is a wrapped number: lifted like a Scalar.
+    if isinstance(t, (torch.NumberType, torch.TensorType)):
         return True
     if isinstance(t, torch.OptionalType):
         return _is_scalar_type(t.getElementType())
@@ -287,11 +288,17 @@ def trace(cls, func, args, kwargs):
         return decompose_or_fallback(cls, func, args, kwargs)
 
 
+@functools.lru_cache(maxsize=None)
+def _decompositions() -> dict:
+    # Core-aten decompositions only: the full table lowers to prims, which we do not lower.
+    return dict(core_aten_decompositions())
+
+
 def decompose_or_fallback(cls, func, args, kwargs):
     decomposed = func.decompose(*args, **kwargs)
     if decomposed is not NotImplemented:
         return decomposed
-    decomp = decomposition_table.get(func)
+    decomp = _decompositions().get(func)
     if decomp is not None:
         metrics.inc("Decomposed")
         return decomp(*args, **kwargs)
@@ -425,27 +432,30 @@ def _returns_of_mutation(cls, func, args, kwargs, meta_out, node):
 _warned: set = set()
 
 
+def _counter_name(func) -> str:
+    return func._schema.name  # "aten::histc"
+
+
 def _fallback_message(cls, func, args, forbidden: bool) -> str:
-    name = func._schema.name.split("::", 1)[1]
+    name = _counter_name(func)
     path = getattr(cls, "path_name", "core")
     head = f"xla_compat: no lowering for {func} on the {path} path (input {describe(args)})"
     if forbidden:
         return (f"{head}, and XLA_CPU_FALLBACK=error forbids running it on the CPU.\n"
                 f"  Unset XLA_CPU_FALLBACK (or set it to warn) to run it on the CPU, or see "
                 f"migration_guide/ops.md for adding a lowering.")
-    return (f"{head}; it ran on the CPU instead and was counted as aten::{name}.\n"
+    return (f"{head}; it ran on the CPU instead and was counted as {name}.\n"
             f"  Set XLA_CPU_FALLBACK=error to make this an error, or see migration_guide/ops.md.")
 
 
 def cpu_fallback(cls, func, args, kwargs):
     mode = settings.get().cpu_fallback
-    name = func._schema.name.split("::", 1)[1]
     if mode == "error":
         raise UnsupportedOpError(_fallback_message(cls, func, args, True))
     if mode == "warn" and func not in _warned:
         _warned.add(func)
         warnings.warn(_fallback_message(cls, func, args, False), stacklevel=3)
-    metrics.inc(f"aten::{name}")
+    metrics.inc(_counter_name(func))
     lazies: dict[int, tuple] = {}
 
     def to_cpu(x):

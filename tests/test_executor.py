@@ -1,0 +1,215 @@
+"""The executor: compile cache, runtime scalars, RNG state, HLO text, fallback, failure safety."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import xla_compat as xc
+from xla_compat import executor, metrics, settings
+from xla_compat.lowering import registry
+from tests.conftest import assert_same
+
+aten = torch.ops.aten
+
+
+def _step(w, x, lr):
+    y = (x @ w).relu().sum()
+    w.sub_(x.t() @ torch.ones(x.shape[0], w.shape[1], device=w.device) * lr)
+    return y
+
+
+def test_identical_steps_compile_once_then_hit_the_cache(path, dev):
+    w = torch.randn(4, 3, device=dev)
+    x = torch.randn(5, 4, device=dev)
+    xc.sync()
+    compiles = []
+    for i in range(4):
+        _step(w, x, 0.1)
+        xc.sync()
+        compiles.append((metrics.counter("CompileTime"), metrics.counter("CachedCompile")))
+    # Step 1 compiles; later steps hit: CompileTime constant, CachedCompile +1 per step.
+    assert compiles[1][0] == compiles[2][0] == compiles[3][0]
+    assert compiles[2][1] == compiles[1][1] + 1 and compiles[3][1] == compiles[2][1] + 1
+
+
+def test_changing_python_scalars_do_not_recompile(path, dev):
+    x = torch.ones(8, device=dev)
+    ref = torch.ones(8)
+    xc.sync()
+    for i, lr in enumerate([0.1, 0.2, 0.35, 1e-3]):
+        x.mul_(1 + lr).add_(lr, alpha=-2)
+        ref.mul_(1 + lr).add_(lr, alpha=-2)
+        xc.sync()
+        if i == 0:
+            first = metrics.counter("CompileTime")
+    assert metrics.counter("CompileTime") == first
+    assert_same(x, ref)
+
+
+def test_dropout_masks_differ_between_steps_and_repeat_under_manual_seed(path, dev):
+    def masks():
+        x = torch.ones(256, device=dev)
+        out = []
+        for _ in range(3):
+            out.append(torch.nn.functional.dropout(x, 0.5, training=True).cpu())
+            xc.sync()
+        return out
+
+    xc.manual_seed(7)
+    a = masks()
+    xc.manual_seed(7)
+    b = masks()
+    assert not torch.equal(a[0], a[1]) and not torch.equal(a[1], a[2])
+    for m1, m2 in zip(a, b):
+        assert torch.equal(m1, m2)
+    assert set(a[0].unique().tolist()) <= {0.0, 2.0}
+    assert 60 < int((a[0] == 0).sum()) < 196
+
+
+def test_torch_manual_seed_also_seeds_the_device(path, dev):
+    torch.manual_seed(3)
+    a = torch.rand(16, device=dev).cpu()
+    torch.manual_seed(3)
+    b = torch.rand(16, device=dev).cpu()
+    assert torch.equal(a, b)
+
+
+def test_hlo_text_of_a_matmul_has_a_dot_general(path, dev):
+    a = torch.randn(4, 5, device=dev)
+    b = torch.randn(5, 6, device=dev)
+    text = xc.hlo_text([a @ b])
+    assert "dot_general" in text and "stablehlo" in text
+
+
+def test_op_without_lowering_falls_back_to_cpu_and_is_counted(path, dev):
+    undo = _hide_rule(aten.atan2.default)
+    try:
+        with settings.override(cpu_fallback="silent"):
+            a, b = torch.randn(5), torch.randn(5)
+            out = torch.atan2(a.to(dev), b.to(dev))
+            assert_same(out, torch.atan2(a, b))
+        assert metrics.counter("aten::atan2") == 1
+        assert "aten::atan2" in metrics.report()
+    finally:
+        undo()
+
+
+def test_fallback_warns_once_with_the_documented_message(path, dev):
+    from xla_compat.lazy import tracer
+    undo = _hide_rule(aten.atan2.default)
+    tracer._warned.discard(aten.atan2.default)
+    try:
+        a = torch.randn(3, device=dev)
+        with pytest.warns(UserWarning, match=r"no lowering for aten.atan2.default .*"
+                                             r"counted as aten::atan2"):
+            torch.atan2(a, a)
+    finally:
+        undo()
+
+
+def test_fallback_error_mode_raises_naming_op_shapes_and_dtypes(path, dev):
+    undo = _hide_rule(aten.atan2.default)
+    try:
+        a = torch.randn(1024, device=dev)
+        with settings.override(cpu_fallback="error"):
+            with pytest.raises(xc.UnsupportedOpError) as err:
+                torch.atan2(a, a).cpu()
+        text = str(err.value)
+        assert "aten.atan2.default" in text and "float32[1024]" in text
+        assert "XLA_CPU_FALLBACK=error" in text and f"{path} path" in text
+    finally:
+        undo()
+
+
+def _hide_rule(op):
+    """Remove one rule for a test (and any decomposition route stays as PyTorch has it)."""
+    before = registry._RULES.pop(op)
+
+    def undo():
+        registry._RULES[op] = before
+    return undo
+
+
+def test_failed_lowering_leaves_every_tensor_with_its_old_value(path, dev):
+    w = torch.arange(6.0, device=dev)
+    xc.sync()
+
+    def broken(x, *a, **k):
+        raise ValueError("planted")
+
+    undo = registry.override(aten.sin.default, broken)
+    try:
+        w.add_(1)
+        fresh = torch.sin(w)
+        with pytest.raises(xc.LoweringError) as err:
+            xc.sync()
+        assert "aten.sin.default" in str(err.value) and "planted" in str(err.value)
+        assert "test_executor.py" in str(err.value)  # the Python line that created the op
+    finally:
+        undo()
+    assert_same(w, torch.arange(6.0))       # rolled back to its last materialised value
+    with pytest.raises(RuntimeError, match="sync failed"):
+        fresh.cpu()                           # no earlier value: a clear error, not garbage
+    w.mul_(2)                                 # and the next step works
+    xc.sync()
+    assert_same(w, torch.arange(6.0) * 2)
+    assert metrics.counter("FailedSync") == 1
+
+
+def test_interrupt_during_execution_rolls_back(path, dev):
+    w = torch.ones(4, device=dev)
+    xc.sync()
+
+    def interrupt(graph):
+        raise KeyboardInterrupt
+
+    executor._fault_hooks.append(interrupt)
+    try:
+        w.add_(5)
+        with pytest.raises(KeyboardInterrupt):
+            xc.sync()
+    finally:
+        executor._fault_hooks.remove(interrupt)
+    assert_same(w, torch.ones(4))
+    w.add_(1)
+    xc.sync()
+    assert_same(w, torch.ones(4) * 2)
+
+
+def test_graph_dump_holds_ir_and_stablehlo(path, dev, tmp_path):
+    dump = tmp_path / "graphs.txt"
+    with settings.override(dump_path=str(dump)):
+        x = torch.randn(3, 3, device=dev)
+        (x @ x + 1).cpu()
+    text = dump.read_text()
+    assert "aten.mm.default" in text and "## StableHLO" in text and "dot_general" in text
+
+
+def test_compile_cache_is_bounded_lru_and_counts_evictions(path, dev):
+    executor.clear_cache()
+    with settings.override(compile_cache_size=2):
+        for n in range(2, 6):
+            (torch.ones(n, device=dev) * 3).cpu()
+        assert len(executor.cache) == 2
+        assert metrics.counter("CompileCacheEviction") >= 2
+
+
+def test_metrics_report_has_the_torch_xla_sections(path, dev):
+    x = torch.randn(4).to(dev)
+    (x * 2).cpu()
+    xc.sync()
+    report = xc.metrics.report()
+    for name in ("Metric: CompileTime", "Metric: ExecuteTime", "Counter: MarkStep",
+                 "TransferToDevice", "TransferFromDevice", "IrNodes"):
+        assert name in report, name
+    c = xc.metrics.counters()
+    assert c["CompileTime"] >= 1 and c["ExecuteTime"] >= 1 and c["MarkStep"] == 1
+
+
+def test_sync_donates_overwritten_buffers(path, dev):
+    w = torch.randn(64, device=dev)
+    xc.sync()
+    for _ in range(3):
+        w.mul_(0.5)
+        xc.sync()
+    assert metrics.counter("InputOutputAliasCount") >= 3
