@@ -50,10 +50,23 @@ class PathImpl:
 _registry: dict[str, PathImpl] = {}
 _local = threading.local()
 _default = "core"
+_resolver: Optional[Callable[[], object]] = None
 
 
 def register(impl: PathImpl) -> None:
     _registry[impl.name] = impl
+
+
+def unregister(name: str) -> None:
+    """Remove a path (tests that register fake paths clean up with this)."""
+    _registry.pop(name, None)
+
+
+def set_default_resolver(fn: Optional[Callable[[], object]]) -> None:
+    """``fn()`` is called whenever the active path is asked for until it clears itself with
+    ``set_default_resolver(None)``: the dispatch layer decides at first device use this way."""
+    global _resolver
+    _resolver = fn
 
 
 def get(name: str) -> PathImpl:
@@ -70,6 +83,8 @@ def names() -> list[str]:
 
 def active() -> PathImpl:
     """The path new tensors get in this thread (a scoped override, else the process default)."""
+    if _resolver is not None:
+        _resolver()
     stack = getattr(_local, "stack", None)
     return get(stack[-1] if stack else _default)
 
