@@ -13,6 +13,8 @@ from . import device as _device
 from . import executor as _executor
 from . import lowering as _lowering
 from . import metrics, paths as _paths
+from . import dispatch as _dispatch
+from .dispatch import PathUnavailableError, explain, path, to_path, use_path
 from .lazy import rng as _rng
 from .lazy.tensor import LazyTensor
 from .lazy.tracer import LoweringError, UnsupportedOpError
@@ -24,8 +26,10 @@ _device.register()
 
 
 def device(index: int = 0):
-    """The hlo device, ``torch.device("hlo:0")``."""
-    return _device.device(index)
+    """The hlo device, ``torch.device("hlo:0")``. The first call decides the path (``explain()``)."""
+    dev = _device.device(index)
+    _dispatch.ensure_decided()
+    return dev
 
 
 def sync(tensors=None, wait: bool = False) -> None:
@@ -56,4 +60,5 @@ def wait_device_ops() -> None:
 
 
 __all__ = ["device", "sync", "mark_step", "hlo_text", "manual_seed", "metrics", "LazyTensor",
-           "LoweringError", "UnsupportedOpError", "wait_device_ops"]
+           "LoweringError", "UnsupportedOpError", "wait_device_ops", "path", "explain", "use_path",
+           "to_path", "PathUnavailableError"]
