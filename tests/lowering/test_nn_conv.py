@@ -1,0 +1,97 @@
+"""Convolutions on hlo match CPU eager, forward and backward, in every configuration nn uses."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from xla_compat.lowering import registry
+from xla_compat.lowering.registry import aten
+
+from ._nn_check import check as _check
+
+torch.manual_seed(0)
+
+
+def check(fn, *inputs):
+    # Weight gradients sum N*H*W products; oneDNN/gemm on CPU and XLA add them in different
+    # orders, so float32 rounding differs by a few ulps of the (much larger) partial sums.
+    return _check(fn, *inputs, grad_atol=1e-5)
+
+
+def test_conv_ops_have_rules():
+    for op in (aten.convolution.default, aten.convolution_backward.default,
+               aten._convolution.default, aten.im2col.default, aten.col2im.default):
+        assert registry.lookup(op) is not None, op
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"stride": 2},
+    {"padding": 1},
+    {"padding": 2, "dilation": 2},
+    {"stride": 3, "padding": 1, "bias": False},
+    {"groups": 2},
+])
+def test_conv1d(kw):
+    bias = kw.pop("bias", True)
+    x, w = torch.randn(2, 4, 11), torch.randn(6, 4 // kw.get("groups", 1), 3)
+    b = torch.randn(6) if bias else None
+    check(lambda x, w, b: F.conv1d(x, w, b, **kw), x, w, b)
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"stride": (2, 1), "padding": (1, 0)},
+    {"padding": 1, "dilation": (2, 1)},
+    {"groups": 3},
+    {"groups": 6, "padding": 1},      # depthwise
+    {"padding": "same"},
+    {"padding": "same", "dilation": 2},
+])
+def test_conv2d(kw):
+    g = kw.get("groups", 1)
+    x, w, b = torch.randn(2, 6, 7, 8), torch.randn(6, 6 // g, 3, 2), torch.randn(6)
+    check(lambda x, w, b: F.conv2d(x, w, b, **kw), x, w, b)
+
+
+def test_conv2d_unbatched_input():
+    check(lambda x, w: F.conv2d(x, w, padding=1), torch.randn(3, 5, 5), torch.randn(4, 3, 3, 3))
+
+
+def test_conv3d():
+    x, w, b = torch.randn(2, 2, 5, 6, 4), torch.randn(4, 2, 3, 3, 2), torch.randn(4)
+    check(lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=1), x, w, b)
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"stride": 2},
+    {"stride": 2, "padding": 1, "output_padding": 1},
+    {"stride": 3, "padding": 2, "output_padding": 2, "dilation": 2},
+    {"groups": 2, "stride": 2},
+    {"padding": 3, "stride": 2, "output_padding": 1},  # padding beyond the kernel reach crops
+])
+def test_conv_transpose2d(kw):
+    g = kw.get("groups", 1)
+    x, w, b = torch.randn(2, 4, 5, 6), torch.randn(4, 6 // g, 3, 3), torch.randn(6)
+    check(lambda x, w, b: F.conv_transpose2d(x, w, b, **kw), x, w, b)
+
+
+def test_conv_transpose1d_and_3d():
+    check(lambda x, w: F.conv_transpose1d(x, w, stride=2, padding=1, output_padding=1),
+          torch.randn(2, 3, 7), torch.randn(3, 5, 4))
+    check(lambda x, w: F.conv_transpose3d(x, w, stride=(2, 1, 2), groups=2),
+          torch.randn(1, 4, 3, 4, 3), torch.randn(4, 1, 2, 3, 2))
+
+
+def test_conv_gradient_of_input_only():
+    w = torch.randn(4, 3, 3, 3)
+    check(lambda x: F.conv2d(x, w.to(x.device)), torch.randn(2, 3, 6, 6))
+
+
+def test_unfold_and_fold():
+    check(lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)),
+          torch.randn(2, 3, 6, 7))
+    check(lambda c: F.fold(c, (5, 6), (2, 2), padding=1, stride=2), torch.randn(2, 12, 12))
+    check(lambda x: F.unfold(x, 2), torch.randn(3, 4, 4))
