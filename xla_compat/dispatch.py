@@ -97,7 +97,11 @@ def unsupported_reason(impl: paths.PathImpl, torch_version: str) -> Optional[str
         spec = SpecifierSet(impl.torch_versions)
     except InvalidSpecifier:
         return f"its torch_versions {impl.torch_versions!r} is not a version specifier"
-    if not spec.contains(Version(torch_version), prereleases=True):
+    try:
+        version = Version(torch_version)
+    except InvalidVersion:   # decide() reports it as CONFIG_ERROR; only the probe can tell here
+        version = None
+    if version is not None and not spec.contains(version, prereleases=True):
         return f"it supports torch{impl.torch_versions}, this is torch {torch_version}"
     try:
         why = impl.probe()
@@ -111,10 +115,6 @@ def supported(s=None, impls: Mapping[str, paths.PathImpl] | None = None) -> dict
     s = s or settings.get()
     impls = _registered() if impls is None else impls
     version = _torch_version(s)
-    try:
-        Version(version)
-    except InvalidVersion:
-        return {name: f"torch version {version!r} is not a version" for name in impls}
     return {name: unsupported_reason(impl, version) for name, impl in sorted(impls.items())}
 
 
@@ -151,7 +151,7 @@ def decide(s, impls: Mapping[str, paths.PathImpl] | None = None,
     def gated(name, asked_by):
         """The fallback Decision if ``name`` cannot run here, else None."""
         why = support.get(name, f"the {name} path is not registered (its package did not import)")
-        if why is None and name == ROLLOUT_TARGET and asked_by == "rollout" \
+        if why is None and name == ROLLOUT_TARGET and asked_by == "the rollout" \
                 and config.min_torch_version and Version(version) < Version(config.min_torch_version):
             why = f"the rollout needs torch>={config.min_torch_version}, this is torch {version}"
         if why is None:
