@@ -56,6 +56,6 @@ def assert_same(actual, expected, rtol=1.3e-6, atol=1e-5, msg=""):
         assert a.dtype == expected.dtype, f"{msg} dtype {a.dtype} != {expected.dtype}"
         assert a.shape == expected.shape, f"{msg} shape {tuple(a.shape)} != {tuple(expected.shape)}"
         torch.testing.assert_close(a, expected.detach(), rtol=rtol, atol=atol, equal_nan=True,
-                                   msg=msg or None)
+                                   msg=(lambda m: f"{msg}: {m}") if msg else None)
         return
     assert actual == expected, msg

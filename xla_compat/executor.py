@@ -84,9 +84,12 @@ def collect(roots: list[Value], donatable=frozenset()) -> Graph:
             nodes.append(node)
     leaf_key = []
     donate = []
+    # Donate a buffer only where an output of the same shape and dtype can reuse it.
+    free = collections.Counter(v.aval for v in roots)
     for i, leaf in enumerate(leaves):
-        d = type(leaf) is DeviceData and id(leaf) in donatable
+        d = type(leaf) is DeviceData and id(leaf) in donatable and free[leaf.avals[0]] > 0
         if d:
+            free[leaf.avals[0]] -= 1
             donate.append(i)
         leaf_key.append((leaf.signature(), d))
     for node in nodes:
@@ -368,16 +371,7 @@ def _execute(roots: list[Value], donatable: set) -> list:
     outputs = compiled(*params)
     metrics.sample("ExecuteTime", time.perf_counter_ns() - start)
     if graph.donate:
-        out_avals = collections.Counter((tuple(o.shape), o.dtype) for o in outputs)
-        aliased = 0
-        for i in graph.donate:
-            a = graph.leaves[i].avals[0]
-            k = (tuple(a.shape), a.dtype)
-            if out_avals[k] > 0:
-                out_avals[k] -= 1
-                aliased += 1
-        metrics.inc("InputOutputAliasCount", aliased)
-        metrics.inc("DonatedBuffers", len(graph.donate))
+        metrics.inc("InputOutputAliasCount", len(graph.donate))
     return outputs
 
 
