@@ -1,1 +1,28 @@
-"""The functional path: PyTorch functionalization over the hlo device (xla_compat.functional)."""
+"""The functional path: PyTorch functionalization over the hlo device (xla_compat.functional).
+
+Every hlo tensor on this path is a FunctionalTensorWrapper around a ``FunctionalInner`` LazyTensor;
+PyTorch's Functionalize kernels turn views into ``*_copy`` ops and in-place ops into functional
+ops plus ``*_scatter`` write-backs, so the lazy graph underneath has no aliasing at all.
+"""
+from __future__ import annotations
+
+from xla_compat import paths as _paths
+
+from . import boundary as _boundary
+from .inner import FunctionalInner
+from .wrap import alias_id, before_sync, inner, owns, probe, to_path, wrap
+from .writes import FunctionalizationLimit
+
+VERSION = "1"
+
+IMPL = _paths.PathImpl(
+    name="functional", version=VERSION, torch_versions=">=2.13,<2.15",
+    tensor_cls=FunctionalInner, wrap=wrap, inner=inner, owns=owns, before_sync=before_sync,
+    probe=probe, to_path=to_path,
+    extras={"alias_id": alias_id})
+
+_boundary.install()
+_paths.register(IMPL)
+
+__all__ = ["FunctionalInner", "FunctionalizationLimit", "IMPL", "alias_id", "inner", "owns",
+           "to_path", "wrap"]

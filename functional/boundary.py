@@ -1,0 +1,65 @@
+"""Printing, pickling and deep-copying functional hlo tensors.
+
+The wrapper's Python type is plain ``torch.Tensor`` and it reports a storage, so torch's own
+``__repr__`` prints ``_to_functional_tensor(...)`` of a possibly stale inner tensor, and
+``__deepcopy__`` / ``__reduce_ex__`` take the storage route and crash. torch special-cases the
+``xla`` device in these three places; we hook the same three places for our wrappers only and
+hand everything else to torch unchanged.
+"""
+from __future__ import annotations
+
+import torch
+import torch._tensor_str as _tensor_str
+
+from .wrap import owns
+
+_installed = False
+
+
+def _repr_of(t: torch.Tensor) -> str:
+    with torch.no_grad():
+        cpu = t.detach().cpu()
+    text = repr(cpu)
+    extra = f"device='{t.device}'"
+    if t.grad_fn is not None:
+        extra += f", grad_fn=<{type(t.grad_fn).__name__}>"
+    elif t.requires_grad:
+        extra += ", requires_grad=True"
+    return text[:-1] + f", {extra})" if text.endswith(")") else text
+
+
+def install() -> None:
+    """Install the three hooks once (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    torch_str = _tensor_str._str
+    torch_deepcopy = torch.Tensor.__deepcopy__
+    torch_reduce_ex = torch.Tensor.__reduce_ex__
+
+    def _str(self, *, tensor_contents=None):
+        if owns(self) and tensor_contents is None:
+            return _repr_of(self)
+        return torch_str(self, tensor_contents=tensor_contents)
+
+    def __deepcopy__(self, memo):
+        if not owns(self) or type(self) is not torch.Tensor:
+            return torch_deepcopy(self, memo)
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            out = self.detach().clone()
+        out.requires_grad_(self.requires_grad)
+        memo[id(self)] = out
+        return out
+
+    def __reduce_ex__(self, proto):
+        if owns(self) and type(self) is torch.Tensor:
+            # torch.save of a device tensor stores CPU data (torch_xla's behaviour, and the core's).
+            return self.detach().cpu().__reduce_ex__(proto)
+        return torch_reduce_ex(self, proto)
+
+    _tensor_str._str = _str
+    torch.Tensor.__deepcopy__ = __deepcopy__
+    torch.Tensor.__reduce_ex__ = __reduce_ex__

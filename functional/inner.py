@@ -1,0 +1,117 @@
+"""The LazyTensor under every functional wrapper, and what it adds to the core tracer.
+
+Functionalization hands this tensor only functional ops, ``*_copy`` views and ``*_scatter``
+write-backs. On top of the core it: gives view copies eager strides (``strides.py``), turns
+``copy(dst, cpu_src)`` (the host-to-device half of ``cpu.to("hlo")``) into device data, reads and
+writes ``as_strided`` by storage position and keeps the gaps of ``unfold`` write-backs
+(``writes.py``). Factories called while it traces return bare inner tensors, never wrappers.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from xla_compat import _jax, metrics
+from xla_compat.lazy import ir, tracer
+from xla_compat.lazy.tensor import LazyTensor
+
+from . import strides, writes
+
+aten = torch.ops.aten
+_state = threading.local()
+
+
+def tracing() -> bool:
+    """True while an inner op is being traced in this thread (new tensors must stay bare)."""
+    return getattr(_state, "depth", 0) > 0
+
+
+class FunctionalInner(LazyTensor):
+    """A LazyTensor owned by a FunctionalTensorWrapper; ``_alias_id`` names its buffer lineage."""
+
+    path_name = "functional"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if len(types) > 1:
+            tracer.check_paths(types, func)
+        _state.depth = getattr(_state, "depth", 0) + 1
+        try:
+            handler = _HANDLERS.get(func)
+            if handler is not None:
+                out = handler(cls, func, args, kwargs)
+                if out is not NotImplemented:
+                    return out
+            out = tracer.trace(cls, func, args, kwargs)
+            geometry = strides.eager_geometry(func, args, kwargs)
+            return _restride(cls, out, geometry) if geometry else out
+        finally:
+            _state.depth -= 1
+
+
+def _restride(cls, out, geometry):
+    """The same values with the strides and storage offset eager's view would have."""
+    flat = list(out) if isinstance(out, (list, tuple)) else [out]
+    fixed = []
+    for t, (stride, offset) in zip(flat, geometry):
+        if t.stride() == tuple(stride) and t.storage_offset() == offset:
+            fixed.append(t)
+        else:
+            fixed.append(cls(t._value, t.shape, t.dtype, stride, offset))
+    if isinstance(out, (list, tuple)):
+        return type(out)(fixed)
+    return fixed[0]
+
+
+_HANDLERS: dict = {}
+
+
+def handles(*ops):
+    def register(fn):
+        for op in ops:
+            _HANDLERS[op] = fn
+        return fn
+    return register
+
+
+@handles(aten.copy.default)
+def _copy_from_host(cls, func, args, kwargs):
+    """``copy(dst, src)`` with a host ``src``: the functional half of ``cpu_tensor.to("hlo")``."""
+    dst, src = args[0], args[1]
+    if isinstance(src, LazyTensor) or src.dim() == 0:
+        return NotImplemented
+    tracer.run_meta(aten.copy.default, (dst, src), {})
+    metrics.inc("TransferToDevice")
+    host = src.detach().to(dst.dtype).expand(dst.shape).contiguous()
+    return cls(ir.leaf(_jax.from_torch(host)), tuple(dst.shape), dst.dtype)
+
+
+@handles(aten.as_strided_copy.default)
+def _as_strided(cls, func, args, kwargs):
+    x, size, stride, *rest = args
+    offset = kwargs.get("storage_offset", rest[0] if rest else None)
+    if writes.is_plain(x):
+        return NotImplemented
+    tracer.run_meta(func, args, kwargs)
+    return writes.as_strided_read(cls, x, tuple(size), tuple(stride), offset)
+
+
+@handles(aten.as_strided_scatter.default)
+def _as_strided_scatter(cls, func, args, kwargs):
+    base, src, size, stride, *rest = args
+    offset = kwargs.get("storage_offset", rest[0] if rest else None)
+    if writes.is_plain(base):
+        return NotImplemented
+    tracer.run_meta(func, args, kwargs)
+    return writes.as_strided_write(cls, base, src, tuple(size), tuple(stride), offset)
+
+
+@handles(aten.unfold_backward.default)
+def _unfold_backward(cls, func, args, kwargs):
+    grad, sizes, dim, size, step = args
+    if not isinstance(grad, LazyTensor):
+        return NotImplemented
+    out = writes.unfold_write_back(cls, grad, sizes, dim, size, step)
+    return NotImplemented if out is None else out

@@ -1,0 +1,71 @@
+"""Eager strides for functional views: what PyTorch does for XLA/Lazy, done here for ``hlo``.
+
+Functionalization turns ``x.t()`` into ``t_copy`` on the inner tensor and gives the wrapper the
+inner result's strides. A ``*_copy`` meta kernel returns contiguous strides, so ``x.t()`` would
+report itself contiguous and ``x.t().contiguous()`` would return an alias. PyTorch avoids this
+only for the XLA and Lazy keys, by running the view on a meta tensor with the base's strides.
+We do the same: the inner tensor of a view carries the strides and storage offset eager would give.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+aten = torch.ops.aten
+
+
+@functools.lru_cache(maxsize=None)
+def view_op_of(func) -> Optional[torch._ops.OpOverload]:
+    """The aliasing view overload whose copy ``func`` is (``t_copy.default`` -> ``t.default``)."""
+    name = func._schema.name.split("::", 1)[1]
+    if name == "_unsafe_view":
+        return aten.view.default
+    if not name.endswith("_copy") or name in ("narrow_copy", "_to_copy"):
+        return None
+    packet = getattr(aten, name[: -len("_copy")], None)
+    if packet is None or func._overloadname not in packet.overloads():
+        return None
+    op = getattr(packet, func._overloadname)
+    returns = op._schema.returns
+    return op if returns and returns[0].alias_info is not None else None
+
+
+def storage_extent(size, stride, offset: int) -> int:
+    """Elements of storage a tensor of this geometry needs (0 when it has no elements)."""
+    if any(s == 0 for s in size):
+        return offset
+    return offset + 1 + sum((n - 1) * abs(s) for n, s in zip(size, stride))
+
+
+def meta_like(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with ``t``'s sizes, strides and storage offset."""
+    size, stride, offset = tuple(t.shape), t.stride(), t.storage_offset()
+    n = max(storage_extent(size, stride, offset), 1)
+    return torch.empty((n,), dtype=t.dtype, device="meta").as_strided(size, stride, offset)
+
+
+def _to_meta(x):
+    if isinstance(x, torch.Tensor):
+        return meta_like(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_meta(e) for e in x)
+    return x
+
+
+def eager_geometry(func, args, kwargs) -> Optional[list]:
+    """[(strides, storage_offset)] of each output of the view ``func`` copies, as eager has them.
+
+    None when ``func`` is not a view copy or the view cannot be taken with these strides (eager
+    would have copied, e.g. ``reshape`` of a transposed tensor): the contiguous result stands.
+    """
+    view = view_op_of(func)
+    if view is None:
+        return None
+    try:
+        out = view(*_to_meta(args), **_to_meta(kwargs))
+    except Exception:
+        return None
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return [(o.stride(), o.storage_offset()) for o in outs]

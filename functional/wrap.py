@@ -1,0 +1,133 @@
+"""Wrapping and unwrapping at the device boundary, syncing wrappers, and alias ids.
+
+Invariants: a user-visible ``hlo`` tensor on this path is a FunctionalTensorWrapper (its Python
+type is plain ``torch.Tensor``) around a ``FunctionalInner``. Autograd sees only the wrapper.
+The wrapper's inner tensor can be stale while a write through one of its aliases is pending;
+``torch._sync`` applies it. So anything that reads the inner tensor (a graph cut, a transfer)
+syncs the wrapper first. Alias ids: when an in-place op replaces a wrapper's inner tensor, the
+new inner tensor inherits the old one's id (what ``_propagate_xla_data`` does for torch_xla).
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Optional
+
+import torch
+
+from xla_compat.lazy.tensor import DEVICE, LazyTensor
+
+from .inner import FunctionalInner, tracing
+
+# Wrappers made at the boundary (factories, transfers, parameters, buffers): a full sync syncs
+# them so no pending alias update crosses a graph cut. Keyed by id; values are weak.
+_wrappers: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+# id(wrapper) -> alias id of its buffer lineage.
+_alias_of_wrapper: dict[int, int] = {}
+_alias_ids = itertools.count(1)
+
+
+def owns(t) -> bool:
+    """Is ``t`` a functional wrapper on the hlo device?"""
+    return (isinstance(t, torch.Tensor) and t.device.type == DEVICE.type
+            and torch._is_functional_tensor(t))
+
+
+def _forget(key: int):
+    def drop(_ref=None):
+        _alias_of_wrapper.pop(key, None)
+    return drop
+
+
+def track(w: torch.Tensor) -> torch.Tensor:
+    """Remember a wrapper so full syncs apply its pending alias updates."""
+    key = id(w)
+    if key not in _wrappers:
+        _wrappers[key] = w
+        weakref.finalize(w, _forget(key))
+        inner_t = torch._from_functional_tensor(w)
+        _alias_of_wrapper[key] = alias_id(inner_t)
+    return w
+
+
+def wrap(t: LazyTensor) -> torch.Tensor:
+    """A new user-visible tensor around ``t`` (bare ``t`` while an inner op is being traced)."""
+    if tracing() or owns(t):
+        return t
+    w = torch._to_functional_tensor(t)
+    if t.requires_grad:
+        w.requires_grad_(True)
+    return track(w)
+
+
+def alias_id(inner_t: LazyTensor) -> int:
+    """The alias id of an inner tensor, assigning a fresh one on first use."""
+    aid = getattr(inner_t, "_alias_id", None)
+    if aid is None:
+        aid = inner_t._alias_id = next(_alias_ids)
+    return aid
+
+
+def propagate_alias_id(w: torch.Tensor, inner_t: LazyTensor) -> int:
+    """Carry ``w``'s alias id to its current inner tensor (it may have replaced an older one)."""
+    key = id(w)
+    aid = _alias_of_wrapper.get(key)
+    if aid is None:
+        aid = alias_id(inner_t)
+        if key in _wrappers:
+            _alias_of_wrapper[key] = aid
+    elif getattr(inner_t, "_alias_id", None) != aid:
+        inner_t._alias_id = aid
+    return aid
+
+
+def sync_wrapper(w: torch.Tensor) -> LazyTensor:
+    """Apply pending alias updates to ``w`` and return its (current) inner tensor."""
+    torch._sync(w)
+    inner_t = torch._from_functional_tensor(w)
+    propagate_alias_id(w, inner_t)
+    return inner_t
+
+
+def inner(t) -> LazyTensor:
+    if not owns(t):
+        raise TypeError(f"xla_compat: expected a functional hlo tensor, got a "
+                        f"{type(t).__name__} on {getattr(t, 'device', '?')}")
+    return sync_wrapper(t)
+
+
+def before_sync(tensors=None) -> None:
+    """Apply pending alias updates of ``tensors`` (every tracked wrapper when None)."""
+    targets = list(_wrappers.values()) if tensors is None else [t for t in tensors if owns(t)]
+    for w in targets:
+        sync_wrapper(w)
+
+
+def probe() -> Optional[str]:
+    """None when this torch can run the functional path, else the reason it cannot."""
+    if not hasattr(torch, "_to_functional_tensor") or not hasattr(torch, "_sync"):
+        return f"torch {torch.__version__} has no torch._to_functional_tensor/torch._sync"
+    try:
+        from torch.utils.backend_registration import \
+            _setup_privateuseone_for_python_backend  # noqa: F401
+    except ImportError:
+        return (f"torch {torch.__version__} cannot register a Python PrivateUse1 backend "
+                f"(torch.utils.backend_registration._setup_privateuseone_for_python_backend)")
+    return None
+
+
+def to_path(t: torch.Tensor) -> torch.Tensor:
+    """A functional-path tensor with ``t``'s values (``t`` lives on another path or the CPU)."""
+    if owns(t):
+        return t
+    if t.device.type != DEVICE.type:
+        from xla_compat import paths
+        with paths.activated("functional"):
+            return t.detach().to(DEVICE).requires_grad_(t.requires_grad)
+    from xla_compat import paths
+    src = paths.inner_tensor(t)
+    fresh = FunctionalInner(src._value, tuple(src.shape), src.dtype)
+    out = wrap(fresh)
+    if t.requires_grad:
+        out.requires_grad_(True)
+    return out

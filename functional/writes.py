@@ -1,0 +1,203 @@
+"""Views upstream functionalization gets wrong for a non-XLA backend, handled by storage position.
+
+Two cases (see DESIGN.md, "Checked facts"):
+
+* ``as_strided`` indexes *storage*. The inner tensor of a view (or of a result with permuted
+  strides) holds its elements in logical order, so ``as_strided_copy`` on it must first map
+  storage positions to logical elements through the tensor's eager strides. Positions outside
+  the tensor belong to a base we cannot see from here: a clear error, never a wrong read.
+* A write through ``unfold`` windows that do not cover the base (gaps between windows, or a tail)
+  is written back by upstream as ``unfold_backward``, which zeroes the uncovered elements. We find
+  the base the view was read from in the written value's graph and keep its uncovered elements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from xla_compat.lazy.ir import Aval, Node, Slot, Value
+
+aten = torch.ops.aten
+
+
+class FunctionalizationLimit(RuntimeError):
+    """A view write or read the functional path cannot express with eager semantics."""
+
+
+def positions(size, stride, offset) -> np.ndarray:
+    """Storage position of every element of a tensor with this geometry (shape ``size``)."""
+    idx = np.full(tuple(size), offset, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    return idx
+
+
+def is_plain(t: torch.Tensor) -> bool:
+    """Logical order equals storage order from offset 0 (the core's as_strided rules hold)."""
+    return t.storage_offset() == 0 and t.is_contiguous()
+
+
+def storage_to_logical(t: torch.Tensor, wanted: np.ndarray, what: str) -> np.ndarray:
+    """Flat logical indices of ``t`` for storage positions ``wanted``, or a clear error."""
+    pos = positions(tuple(t.shape), t.stride(), t.storage_offset()).reshape(-1)
+    order = np.argsort(pos, kind="stable")
+    sorted_pos = pos[order]
+    flat = wanted.reshape(-1)
+    at = np.searchsorted(sorted_pos, flat)
+    ok = (at < len(sorted_pos)) & (sorted_pos[np.minimum(at, len(sorted_pos) - 1)] == flat) \
+        if len(sorted_pos) else np.zeros(flat.shape, bool)
+    if not ok.all():
+        bad = int(flat[~ok][0])
+        raise FunctionalizationLimit(
+            f"xla_compat: {what} reaches storage element {bad}, which lies outside the tensor it "
+            f"was called on (size {list(t.shape)}, stride {list(t.stride())}, offset "
+            f"{t.storage_offset()}). On the functional path a view holds only its own elements; "
+            f"call as_strided on the base tensor instead, or .clone() the view first.")
+    return order[at].reshape(wanted.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class Gather:
+    """``x.reshape(-1)[index]``: a read at static positions (kept in the graph key by value)."""
+
+    index: bytes
+    shape: tuple
+
+    def __call__(self, x):
+        idx = np.frombuffer(self.index, dtype=np.int64).reshape(self.shape)
+        return x.reshape(-1)[idx] if idx.size else x.reshape(-1)[:0].reshape(self.shape)
+
+    def __eq__(self, other):
+        return type(other) is Gather and other.shape == self.shape and other.index == self.index
+
+    def __hash__(self):
+        return hash(("gather", self.shape, self.index))
+
+
+@dataclass(frozen=True, eq=False)
+class Scatter:
+    """``x.reshape(-1).at[index].set(src)``: a write at static positions."""
+
+    index: bytes
+    shape: tuple
+
+    def __call__(self, x, src):
+        idx = np.frombuffer(self.index, dtype=np.int64)
+        if not idx.size:
+            return x
+        flat = x.reshape(-1).at[idx].set(src.reshape(-1).astype(x.dtype))
+        return flat.reshape(x.shape)
+
+    def __eq__(self, other):
+        return type(other) is Scatter and other.shape == self.shape and other.index == self.index
+
+    def __hash__(self):
+        return hash(("scatter", self.shape, self.index))
+
+
+def _node(op: str, rule, inputs, shape, dtype_of) -> Value:
+    args = tuple(Slot(i) for i in range(len(inputs)))
+    node = Node(op, rule, args, (), tuple(inputs), (Aval(tuple(shape), dtype_of),))
+    return Value(node, 0)
+
+
+def as_strided_read(cls, x, size, stride, offset):
+    """``as_strided_copy`` on a tensor whose logical order is not its storage order."""
+    offset = x.storage_offset() if offset is None else offset
+    want = positions(size, stride, offset)
+    idx = storage_to_logical(x, want, "as_strided")
+    rule = Gather(np.ascontiguousarray(idx, dtype=np.int64).tobytes(), tuple(size))
+    value = _node("functional.as_strided_gather", rule, [x._value], size, x._value.aval.dtype)
+    return cls(value, tuple(size), x.dtype)
+
+
+def as_strided_write(cls, base, src, size, stride, offset):
+    """``as_strided_scatter`` into a base whose logical order is not its storage order."""
+    offset = base.storage_offset() if offset is None else offset
+    want = positions(size, stride, offset)
+    idx = storage_to_logical(base, want, "as_strided_scatter")
+    rule = Scatter(np.ascontiguousarray(idx, dtype=np.int64).tobytes(), tuple(base.shape))
+    value = _node("functional.as_strided_scatter", rule, [base._value, src._value], base.shape,
+                  base._value.aval.dtype)
+    return cls(value, tuple(base.shape), base.dtype, base.stride(), base.storage_offset())
+
+
+# ----------------------------------------------------------------------------------------------
+# unfold write-back
+
+def unfold_positions(sizes, dim, size, step) -> np.ndarray:
+    """Index along ``dim`` of every (window, element) pair: shape (n_windows, size)."""
+    n = (sizes[dim] - size) // step + 1 if sizes else 1
+    return np.arange(max(n, 0))[:, None] * step + np.arange(size)[None, :]
+
+
+def leaves_gaps(sizes, dim, size, step) -> bool:
+    if not sizes:
+        return False
+    covered = np.zeros(sizes[dim], bool)
+    covered[unfold_positions(sizes, dim, size, step).reshape(-1)] = True
+    return not covered.all()
+
+
+def find_unfold_base(value: Value, sizes, dim, size, step, limit: int = 2000):
+    """The input of the ``unfold_copy`` the written view was read from, searched in its graph."""
+    seen, stack = set(), [value.node]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op == "aten.unfold_copy.default" and len(node.inputs) == 1:
+            d, s, st = node.args[1:4]
+            base = node.inputs[0]
+            nd = max(len(base.aval.shape), 1)
+            if (d % nd, s, st) == (dim, size, step) and tuple(base.aval.shape) == tuple(sizes):
+                return base
+        stack.extend(v.node for v in node.inputs)
+    return None
+
+
+@dataclass(frozen=True)
+class UnfoldWriteBack:
+    """Put unfold windows back into ``base`` along ``dim``; uncovered elements keep base's values."""
+
+    dim: int
+    size: int
+    step: int
+
+    def __call__(self, base, windows):
+        import jax.numpy as jnp
+        if base.ndim == 0:
+            return windows.reshape(())
+        idx = unfold_positions(base.shape, self.dim, self.size, self.step)
+        # windows: base.shape with dim -> n_windows, plus a trailing window axis of `size`.
+        w = jnp.moveaxis(windows, -1, self.dim + 1)
+        w = w.reshape(base.shape[:self.dim] + (idx.size,) + base.shape[self.dim + 1:])
+        index = [slice(None)] * base.ndim
+        index[self.dim] = idx.reshape(-1)
+        return base.at[tuple(index)].set(w.astype(base.dtype))
+
+
+def unfold_write_back(cls, grad, sizes, dim, size, step):
+    """The functional inverse of ``unfold`` that keeps the elements between windows, or None."""
+    sizes = tuple(int(s) for s in sizes)
+    dim = dim % max(len(sizes), 1)
+    if not leaves_gaps(sizes, dim, size, step):
+        return None
+    node = torch._C._current_autograd_node()
+    if node is not None and type(node).__name__ == "UnfoldBackward0":
+        return None  # autograd's gradient of unfold: zeros between windows are right there
+    base = find_unfold_base(grad._value, sizes, dim, size, step)
+    if base is None:
+        raise FunctionalizationLimit(
+            f"xla_compat: a write through x.unfold({dim}, {size}, {step}) of a tensor of size "
+            f"{list(sizes)} must keep the elements between the windows, but the functional path "
+            f"cannot find the values they had (the view was synced away from its base). Write "
+            f"into the base directly, or clone the unfolded view before writing it.")
+    value = _node("functional.unfold_write_back", UnfoldWriteBack(dim, size, step),
+                  [base, grad._value], sizes, base.aval.dtype)
+    return cls(value, sizes, grad.dtype)
