@@ -1,1 +1,99 @@
-"""The legacy path: the in-house view/alias tracker (xla_compat.legacy)."""
+"""The legacy path: the in-house view/alias tracker (xla_compat.legacy).
+
+Users hold ``LegacyTensor``s directly. Views share an ``Alias`` (one storage) through chains of
+``ViewStep``s; in-place ops record writes on the alias; stale members re-derive when read. At a
+sync the alias bases are the graph's roots; afterwards every member re-derives from device data.
+"""
+from __future__ import annotations
+
+import torch
+
+from xla_compat import executor, paths
+from xla_compat.lazy.ir import skip_frames_in
+
+from . import alias as _alias
+from .alias import Alias
+from .tensor import LegacyTensor, legacy_tensors
+from .views import ViewStep
+
+VERSION = "1.0"
+
+skip_frames_in(__path__[0])
+
+
+def _owns(t) -> bool:
+    return isinstance(t, LegacyTensor)
+
+
+def _inner(t: LegacyTensor) -> LegacyTensor:
+    t._value  # re-derive a stale member so the core sees its current value
+    return t
+
+
+def _before_sync(tensors) -> None:
+    if tensors is None:
+        _alias.flush_all()
+        return
+    for t in tensors:
+        if isinstance(t, LegacyTensor):
+            _inner(t)
+
+
+def _extra_roots():
+    """A full sync materialises every storage (alias base), not the views of it."""
+    return [a.flush() for a in _alias.live_aliases()]
+
+
+def _held_values():
+    """Values still needed after a sync: never donate their buffers."""
+    for a in _alias.live_aliases():
+        yield from a.values()
+    for t in legacy_tensors():
+        if t._gen == t._alias.gen:
+            yield t._v
+
+
+def _rebind(mapping) -> None:
+    """After a sync: bases become device data; members holding a materialised value take it,
+    other members re-derive from the new base when next read (their old graph is dropped)."""
+    was = {}
+    for a in _alias.live_aliases():
+        new = mapping.get(a.base)
+        if new is not None:
+            a.base = new
+            was[id(a)] = a.gen
+            a.gen += 1
+    for t in legacy_tensors():
+        a = t._alias
+        if t._gen != was.get(id(a), a.gen):
+            continue
+        new = mapping.get(t._v)
+        if new is not None:
+            t._v = new
+            t._last_data = new
+            t._gen = a.gen
+
+
+def _probe():
+    if not hasattr(torch._C.TensorBase, "data") or not hasattr(torch.Tensor,
+                                                                "_make_wrapper_subclass"):
+        return "this torch has no C++ .data setter / wrapper subclasses the tracker relies on"
+    return None
+
+
+def _to_path(t) -> LegacyTensor:
+    inner = paths.inner_tensor(t)
+    out = LegacyTensor(inner._value, inner.shape, inner.dtype)
+    if t.requires_grad and (t.is_floating_point() or t.is_complex()):
+        out.requires_grad_(True)
+    return out
+
+
+executor.register_extra_roots(_extra_roots)
+executor.register_value_holder(_held_values)
+executor.register_rebinder(_rebind)
+paths.register(paths.PathImpl(
+    name="legacy", version=VERSION, torch_versions=">=2.13", tensor_cls=LegacyTensor,
+    inner=_inner, owns=_owns, before_sync=_before_sync, probe=_probe, to_path=_to_path))
+
+__all__ = ["LegacyTensor", "Alias", "ViewStep", "VERSION"]

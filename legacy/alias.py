@@ -1,0 +1,83 @@
+"""Alias: the storage that a base tensor and all its views share, as an IR value plus pending writes.
+
+Invariants. ``base`` is the value of the root tensor (the one with an empty chain) in its own
+shape, as of the last flush. ``pending`` are writes not yet folded into ``base``, in order, each
+(chain of the member written, its new value). ``gen`` counts writes: a member whose ``_gen``
+equals it holds a current ``_v``; any other member re-derives from ``base`` through its chain
+(after a flush) when read. Nothing here builds IR until a member is read or a sync comes.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+from xla_compat import metrics
+from xla_compat.lazy.ir import Aval, Node, Slot, Value
+
+from . import views
+from .views import Layout
+
+_serial = itertools.count()
+# Every live alias in creation order, so a sync lists their bases in the same order every step.
+_aliases: "weakref.WeakValueDictionary[int, Alias]" = weakref.WeakValueDictionary()
+
+
+class Alias:
+    """One storage: the base value, writes pending on it, and a generation counter."""
+
+    __slots__ = ("base", "pending", "gen", "root", "__weakref__")
+
+    def __init__(self, base: Value, root: Layout):
+        self.base = base
+        self.pending: list = []
+        self.gen = 0
+        self.root = root          # the root tensor's layout over the storage (for as_strided)
+        _aliases[next(_serial)] = self
+
+    def flush(self) -> Value:
+        """Fold pending writes into ``base`` (one node per write) and return it."""
+        base = self.base
+        for chain, value in self.pending:
+            base = _node("legacy.write", views.WriteChain(chain), (base, value), base.aval)
+        self.pending.clear()
+        self.base = base
+        return base
+
+    def read(self, chain: tuple, aval: Aval) -> Value:
+        """The current value of the member reached through ``chain``."""
+        base = self.flush()
+        if not chain:
+            return base
+        return _node("legacy.view", views.ReadChain(chain), (base,), aval)
+
+    def record(self, chain: tuple, value: Value) -> int:
+        """A member reached through ``chain`` now holds ``value``; returns the new generation."""
+        if not chain:                      # the whole storage is overwritten
+            self.pending.clear()
+            self.base = value
+        elif self.pending and self.pending[-1][0] == chain:
+            self.pending[-1] = (chain, value)   # consecutive writes through one chain collapse
+        else:
+            self.pending.append((chain, value))
+        self.gen += 1
+        return self.gen
+
+    def values(self):
+        yield self.base
+        for _, v in self.pending:
+            yield v
+
+
+def _node(op: str, rule, inputs: tuple, aval: Aval) -> Value:
+    metrics.inc("IrNodes")
+    args = tuple(Slot(i) for i in range(len(inputs)))
+    return Value(Node(op, rule, args, (), tuple(inputs), (aval,)), 0)
+
+
+def live_aliases() -> list:
+    return list(_aliases.values())
+
+
+def flush_all() -> None:
+    for a in live_aliases():
+        a.flush()

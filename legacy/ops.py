@@ -1,0 +1,317 @@
+"""How aten calls on LegacyTensors are handled: views, in-place metadata ops, everything else.
+
+A view op builds no IR: it returns a LegacyTensor on the same alias with one more step in its
+chain (sizes, strides and storage offset come from running the op on a meta tensor laid out as
+the input is in eager, so errors and metadata match eager). In-place metadata ops swap the
+tensor's own chain. Every other op goes to the core tracer, which reads inputs through
+``LegacyTensor._value`` (re-deriving stale views) and writes mutations back through it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from xla_compat import _jax
+from xla_compat.lazy import tracer
+from xla_compat.lazy.tensor import lock
+
+from . import views
+from .tensor import _UNREAD, LegacyTensor
+from .views import (AsStrided, Bitcast, Diagonal, Expand, Layout, Permute, Reshape, Select,
+                    Slice, Unfold, ViewAsComplex, ViewAsReal)
+
+aten = torch.ops.aten
+
+VIEWS: dict = {}
+RESTRIDES: dict = {}
+
+
+def view_op(*ops):
+    """Register ``fn(x, meta_out, *args, **kwargs) -> chain (or list of chains)`` for view ops."""
+    def register(fn):
+        for op in ops:
+            VIEWS[op] = fn
+        return fn
+    return register
+
+
+def dispatch(func, args, kwargs):
+    with lock:
+        handler = VIEWS.get(func)
+        if handler is not None:
+            return make_view(func, handler, args, kwargs)
+        handler = RESTRIDES.get(func)
+        if handler is not None:
+            return handler(func, args, kwargs)
+        if func._schema.is_mutable:
+            check_overlapping_write(func, args, kwargs)
+        return tracer.trace(LegacyTensor, func, args, kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Views.
+
+def _dim(d: int, ndim: int) -> int:
+    return d % max(ndim, 1) if d < 0 else d
+
+
+def storage_elements(t: LegacyTensor) -> int:
+    """Size of ``t``'s storage counted in ``t``'s own elements (as eager allocated it)."""
+    alias = t._alias
+    nbytes = alias.root.storage_size * np.dtype(alias.base.aval.dtype).itemsize
+    return -(-nbytes // t.element_size())
+
+
+def meta_of(t: LegacyTensor) -> torch.Tensor:
+    """A meta tensor with ``t``'s sizes, strides and storage offset over a storage of its size."""
+    storage = torch.empty(max(storage_elements(t), 0), dtype=t.dtype, device="meta")
+    return storage.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def make_view(func, handler, args, kwargs):
+    x = args[0]
+    try:
+        out = func(meta_of(x), *args[1:], **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as e:  # eager's error, naming the op
+        tracer._reraise(e, func, args)
+    chains = handler(x, out, *args[1:], **kwargs)
+    if isinstance(out, torch.Tensor):
+        return _member(x, out, chains)
+    return type(out)(_member(x, m, c) for m, c in zip(out, chains))
+
+
+def _member(x: LegacyTensor, meta: torch.Tensor, chain: tuple) -> LegacyTensor:
+    return LegacyTensor(_UNREAD, meta.shape, meta.dtype, meta.stride(), meta.storage_offset(),
+                        alias=x._alias, chain=chain)
+
+
+@view_op(aten.alias.default, aten.detach.default, aten.lift_fresh.default)
+def _same(x, out, *args, **kwargs):
+    return x._chain
+
+
+@view_op(aten.view.default, aten._reshape_alias.default, aten.squeeze.default,
+         aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default)
+def _reshape(x, out, *args, **kwargs):
+    if tuple(out.shape) == tuple(x.shape):
+        return x._chain
+    return x._chain + (Reshape(tuple(out.shape)),)
+
+
+@view_op(aten.view.dtype)
+def _view_dtype(x, out, dtype):
+    if out.dtype == x.dtype:
+        return x._chain
+    return x._chain + (Bitcast(_jax.to_jax_dtype(out.dtype), tuple(out.shape)),)
+
+
+def _permute_chain(x, dims):
+    dims = tuple(_dim(d, x.dim()) for d in dims)
+    if dims == tuple(range(len(dims))):
+        return x._chain
+    return x._chain + (Permute(dims),)
+
+
+@view_op(aten.permute.default)
+def _permute(x, out, dims):
+    return _permute_chain(x, dims)
+
+
+@view_op(aten.transpose.int)
+def _transpose(x, out, d0, d1):
+    perm = list(range(x.dim()))
+    if x.dim() >= 2:
+        d0, d1 = _dim(d0, x.dim()), _dim(d1, x.dim())
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    return _permute_chain(x, perm)
+
+
+@view_op(aten.t.default)
+def _t(x, out):
+    return _permute_chain(x, (1, 0)) if x.dim() == 2 else x._chain
+
+
+@view_op(aten.expand.default)
+def _expand(x, out, size, *, implicit=False):
+    if tuple(out.shape) == tuple(x.shape):
+        return x._chain
+    return x._chain + (Expand(tuple(out.shape)),)
+
+
+@view_op(aten.select.int)
+def _select(x, out, d, index):
+    d = _dim(d, x.dim())
+    return x._chain + (Select(d, index + x.shape[d] if index < 0 else index),)
+
+
+def slice_bounds(size: int, start, end):
+    """Eager's normalisation of slice bounds."""
+    start = 0 if start is None else start
+    end = size if end is None else end
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end
+
+
+@view_op(aten.slice.Tensor)
+def _slice(x, out, d=0, start=None, end=None, step=1):
+    d = _dim(d, x.dim())
+    start, end = slice_bounds(x.shape[d], start, end)
+    if (start, end, step) == (0, x.shape[d], 1):
+        return x._chain
+    return x._chain + (Slice(d, start, end, step),)
+
+
+@view_op(aten.split.Tensor, aten.split_with_sizes.default)
+def _split(x, outs, sizes, d=0):
+    d = _dim(d, x.dim())
+    chains, start = [], 0
+    for m in outs:
+        n = m.shape[d]
+        chains.append(x._chain + (Slice(d, start, start + n, 1),))
+        start += n
+    return chains
+
+
+@view_op(aten.unbind.int)
+def _unbind(x, outs, d=0):
+    d = _dim(d, x.dim())
+    return [x._chain + (Select(d, i),) for i in range(len(outs))]
+
+
+@view_op(aten.diagonal.default)
+def _diagonal(x, out, offset=0, dim1=0, dim2=1):
+    return x._chain + (Diagonal(offset, _dim(dim1, x.dim()), _dim(dim2, x.dim())),)
+
+
+@view_op(aten.unfold.default)
+def _unfold(x, out, d, size, step):
+    if x.dim() == 0:
+        return x._chain + (Reshape((1,)),)
+    return x._chain + (Unfold(_dim(d, x.dim()), size, step),)
+
+
+@view_op(aten.as_strided.default)
+def _as_strided(x, out, size, stride, storage_offset=None):
+    if not all(step.keeps_elements for step in x._chain):
+        raise NotImplementedError(
+            "xla_compat: as_strided of a view that reinterprets the dtype (view_as_real, "
+            "view_as_complex, view(dtype)) is not supported on the legacy path; clone() first")
+    offset = x.storage_offset() if storage_offset is None else storage_offset
+    view = Layout(tuple(int(s) for s in size), tuple(int(s) for s in stride), int(offset))
+    return (AsStrided(view, x._alias.root),)   # storage semantics: the chain so far is moot
+
+
+@view_op(aten.view_as_real.default)
+def _view_as_real(x, out):
+    return x._chain + (ViewAsReal(),)
+
+
+@view_op(aten.view_as_complex.default)
+def _view_as_complex(x, out):
+    return x._chain + (ViewAsComplex(),)
+
+
+# ----------------------------------------------------------------------------------------------
+# In-place metadata ops: the tensor itself becomes the view the out-of-place op would return.
+
+def restride(x: LegacyTensor, new: LegacyTensor) -> LegacyTensor:
+    """Give ``x`` the sizes, strides, offset and chain of ``new`` (a member of x's storage).
+
+    The C++ ``.data`` setter copies sizes, strides and offset and keeps x's autograd metadata
+    and version counter (the in-place op itself bumps the version, as in eager).
+    """
+    torch._C.TensorBase.data.__set__(x, new)
+    x._join(new)
+    return x
+
+
+def _restride_as(view_func):
+    def handler(func, args, kwargs):
+        x = args[0]
+        new = make_view(view_func, VIEWS[view_func], args, kwargs)
+        return restride(x, new)
+    return handler
+
+
+for _inplace, _view in [(aten.transpose_.default, aten.transpose.int),
+                        (aten.t_.default, aten.t.default),
+                        (aten.squeeze_.default, aten.squeeze.default),
+                        (aten.squeeze_.dim, aten.squeeze.dim),
+                        (aten.squeeze_.dims, aten.squeeze.dims),
+                        (aten.unsqueeze_.default, aten.unsqueeze.default),
+                        (aten.as_strided_.default, aten.as_strided.default)]:
+    RESTRIDES[_inplace] = _restride_as(_view)
+
+
+def _resize(func, args, kwargs):
+    x, size = args[0], tuple(int(s) for s in args[1])
+    if size == tuple(x.shape):
+        return x
+    numel = int(np.prod(size, dtype=np.int64))
+    if x.storage_offset() + numel > storage_elements(x):
+        raise NotImplementedError(
+            f"xla_compat: resize_ from {list(x.shape)} to {list(size)} needs a larger storage, "
+            f"which the legacy path cannot grow in place; use x = x.new_empty({list(size)}) "
+            f"(or torch.cat) instead")
+    stride, acc = [], 1
+    for n in reversed(size):
+        stride.append(acc)
+        acc *= max(n, 1)
+    return restride(x, make_view(aten.as_strided.default, VIEWS[aten.as_strided.default],
+                                 (x, size, tuple(reversed(stride)), x.storage_offset()), {}))
+
+
+RESTRIDES[aten.resize_.default] = _resize
+
+
+def _set(func, args, kwargs):
+    dst, src = args
+    if not isinstance(src, LegacyTensor):
+        raise TypeError(f"xla_compat: set_ needs a legacy-path hlo tensor as source, got a "
+                        f"{type(src).__name__} on {src.device}")
+    return restride(dst, src)
+
+
+RESTRIDES[aten.set_.source_Tensor] = _set
+
+
+# ----------------------------------------------------------------------------------------------
+# Writes into views whose elements overlap: error exactly where eager errors.
+
+def check_overlapping_write(func, args, kwargs) -> None:
+    names, _, _ = tracer.mutation_info(func)
+    bound = tracer._bind(func, args, kwargs)
+    for n in names:
+        vals = bound.get(n)
+        for t in vals if isinstance(vals, (list, tuple)) else [vals]:
+            if (isinstance(t, LegacyTensor) and not views.injective(t._chain)
+                    and torch._debug_has_internal_overlap(meta_of(t)) == 1):
+                _eager_probe(func, args, kwargs)
+                return
+
+
+def _eager_probe(func, args, kwargs) -> None:
+    """Run ``func`` on CPU tensors of the same layouts (zeros) and re-raise an overlap error."""
+    def cpu(x):
+        if isinstance(x, LegacyTensor):
+            storage = torch.zeros(storage_elements(x), dtype=x.dtype)
+            return storage.as_strided(x.shape, x.stride(), x.storage_offset())
+        if isinstance(x, (list, tuple)):
+            return type(x)(cpu(e) for e in x)
+        if isinstance(x, torch.device):
+            return torch.device("cpu")
+        return x
+    try:
+        func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
+    except RuntimeError as e:
+        if "more than one element of the written-to tensor" in str(e):
+            tracer._reraise(e, func, args)
+    except Exception:
+        pass

@@ -1,0 +1,108 @@
+"""LegacyTensor: the tensor users hold on the legacy path; a member of an Alias through a chain.
+
+Invariants. ``_alias`` is the storage this tensor views and ``_chain`` the view steps from the
+alias base to it (empty for the root). ``_v`` is its value, current when ``_gen`` equals the
+alias generation. Reading ``_value`` (what the core tracer and executor read) re-derives a stale
+member; assigning ``_value`` (what the core does for an in-place op) records a write on the
+alias, so every core mutation path is alias-aware. LegacyTensors are not in the core's live set:
+the path hands the executor alias bases instead (extra roots), so a sync materialises storages,
+not views, and views re-derive lazily from device data afterwards.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from xla_compat.lazy import tensor as _core_tensor
+from xla_compat.lazy import tracer
+from xla_compat.lazy.ir import Node, Value
+from xla_compat.lazy.tensor import LazyTensor, lock
+
+from .alias import Alias
+from .views import Layout
+
+# Every live LegacyTensor (the executor never sees them; the path's sync hooks walk this).
+_tensors: "weakref.WeakValueDictionary[int, LegacyTensor]" = weakref.WeakValueDictionary()
+# The value a view holds before it is first read (never handed to the core: reads re-derive).
+_UNREAD = Value(Node("legacy.unread", None, (), (), (), ()), 0)
+
+
+class LegacyTensor(LazyTensor):
+    """A device tensor on the legacy path: views alias, in-place ops write through."""
+
+    path_name = "legacy"
+    _alias = None
+
+    @staticmethod
+    def __new__(cls, value, shape, dtype, strides=None, storage_offset=None,
+                requires_grad=False, *, alias=None, chain=()):
+        t = LazyTensor.__new__(cls, value, shape, dtype, strides, storage_offset, requires_grad)
+        _core_tensor._live.pop(id(t), None)
+        _tensors[id(t)] = t
+        if alias is None:
+            alias = Alias(value, Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset()))
+            t._gen = alias.gen
+        else:
+            t._gen = -1
+            t._last_data = None
+        t._alias = alias
+        t._chain = tuple(chain)
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from . import ops
+        if len(types) > 1:
+            tracer.check_paths(types, func)
+        return ops.dispatch(func, args, kwargs or {})
+
+    # -- the value, as the core sees it ----------------------------------------------------------
+    @property
+    def _value(self) -> Value:
+        if self._gen != self._alias.gen:
+            self._refresh()
+        return self._v
+
+    @_value.setter
+    def _value(self, value: Value) -> None:
+        if self._alias is None:            # LazyTensor.__new__ setting the initial value
+            self._v = value
+            return
+        self._gen = self._alias.record(self._chain, value)
+        self._v = value
+
+    def _refresh(self) -> None:
+        from xla_compat import _jax
+        from xla_compat.lazy.ir import Aval
+        aval = Aval(tuple(self.shape), _jax.to_jax_dtype(self.dtype))
+        with lock:
+            self._v = self._alias.read(self._chain, aval)
+            self._gen = self._alias.gen
+
+    def _join(self, other: "LegacyTensor") -> None:
+        """Share ``other``'s storage and chain (after ``.data =`` or ``set_``)."""
+        self._alias = other._alias
+        self._chain = other._chain
+        self._gen = other._gen
+        self._v = other._v
+        self._last_data = getattr(other, "_last_data", None)
+
+    # -- .data shares storage, as in eager -------------------------------------------------------
+    @property
+    def data(self):
+        return self.detach()
+
+    @data.setter
+    def data(self, new):
+        if not isinstance(new, LegacyTensor):
+            raise TypeError(
+                f"xla_compat: cannot assign a {type(new).__name__} to .data of a legacy-path "
+                f"tensor; move it with xc.to_path(tensor, 'legacy') (or .to('hlo') inside "
+                f"xc.use_path('legacy')) first")
+        torch._C.TensorBase.data.__set__(self, new)
+        self._join(new)
+
+
+def legacy_tensors() -> list:
+    return list(_tensors.values())
