@@ -31,18 +31,20 @@ def _compare(actual, expected, rtol, atol, what):
                                    msg=lambda m: f"{what}[{i}]: {m}")
 
 
-def check(fn, *inputs, grad=True, rtol=RTOL, atol=ATOL, grad_rtol=None, grad_atol=None, seed=0):
+def check(fn, *inputs, grad=True, rtol=RTOL, atol=ATOL, grad_rtol=None, grad_atol=None, seed=0,
+          frozen=()):
     """Assert ``fn(*inputs)`` and the gradients of its float outputs match CPU eager.
 
     ``inputs`` are CPU tensors (or other arguments passed through); floating-point tensors get
-    ``requires_grad`` when ``grad``. Returns the CPU outputs for extra assertions.
+    ``requires_grad`` when ``grad``, except those at positions in ``frozen`` (buffers an op
+    writes in place). Returns the CPU outputs for extra assertions.
     """
     def prepare(device):
         out = []
-        for x in inputs:
+        for i, x in enumerate(inputs):
             if isinstance(x, torch.Tensor):
-                x = x.detach().to(device)
-                if grad and x.is_floating_point():
+                x = x.detach().clone().to(device)
+                if grad and x.is_floating_point() and i not in frozen:
                     x.requires_grad_()
             out.append(x)
         return out

@@ -1,11 +1,9 @@
-"""Neural-network ops: softmax family, losses, normalisation, embedding.
+"""Neural-network ops: softmax family, nll_loss, embedding.
 
 Backward ops are lowered as the vjp of their forward rule where PyTorch's closed form adds
 nothing; XLA fuses the result.
 """
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
@@ -88,42 +86,6 @@ def nll_loss2d_forward(x, target, weight, reduction, ignore_index):
 def nll_loss2d_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
     _, vjp = jax.vjp(lambda v: _nll2d(v, target, weight, reduction, ignore_index)[0], x)
     return vjp(grad.astype(x.dtype))[0]
-
-
-def _layer_norm(x, normalized_shape, weight, bias, eps):
-    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    xf = x.astype(acc_dtype(x.dtype))
-    mean = jnp.mean(xf, axis=axes, keepdims=True)
-    var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True)
-    rstd = jax.lax.rsqrt(var + eps)
-    y = (xf - mean) * rstd
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y.astype(x.dtype), mean, rstd
-
-
-@lowering(aten.native_layer_norm.default, static=True)
-def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    return _layer_norm(x, normalized_shape, weight, bias, eps)
-
-
-@lowering(aten.native_layer_norm_backward.default, static=True)
-def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
-    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    n = math.prod(x.shape[a] for a in axes)
-    xhat = (x - mean) * rstd
-    g = grad if weight is None else grad * weight
-    dx = rstd / n * (n * g - jnp.sum(g, axis=axes, keepdims=True)
-                     - xhat * jnp.sum(g * xhat, axis=axes, keepdims=True))
-    lead = tuple(range(x.ndim - len(normalized_shape)))
-    dw = jnp.sum(grad * xhat, axis=lead) if weight is not None else None
-    db = jnp.sum(grad, axis=lead) if bias is not None else None
-    # Outputs not asked for are undefined tensors (None) in PyTorch.
-    return (dx.astype(x.dtype) if output_mask[0] else None,
-            dw.astype(weight.dtype) if output_mask[1] and dw is not None else None,
-            db.astype(bias.dtype) if output_mask[2] and db is not None else None)
 
 
 @lowering(aten.embedding.default, static=True)

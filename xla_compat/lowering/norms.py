@@ -1,0 +1,189 @@
+"""Normalisation: batch norm (training, eval, running-stat updates), group norm, layer norm.
+
+Statistics are computed in float32 for half inputs, as CPU eager does. ``native_batch_norm``
+itself has no rule on purpose: its schema hides the running-stat writes, so PyTorch's own
+decomposition routes it to ``_native_batch_norm_legit*``, whose functional variant returns the
+new running stats for the tracer to rebind.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+from ._helpers import acc_dtype
+from .registry import aten, lowering
+
+
+def _channel(v, ndim: int):
+    """A per-channel [C] vector shaped to broadcast against [N, C, *spatial]."""
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _affine(y, weight, bias):
+    if weight is not None:
+        y = y * _channel(weight, y.ndim).astype(y.dtype)
+    if bias is not None:
+        y = y + _channel(bias, y.ndim).astype(y.dtype)
+    return y
+
+
+def _empty(aval):
+    return jnp.zeros(aval.shape, aval.dtype)
+
+
+# -- batch norm -----------------------------------------------------------------------------------
+
+def _batch_stats(x):
+    """(mean [C], sum of squared deviations [C], count per channel) over every dim but 1."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    xf = x.astype(acc_dtype(x.dtype))
+    mean = jnp.mean(xf, axis=axes)
+    var_sum = jnp.sum(jnp.square(xf - _channel(mean, x.ndim)), axis=axes)
+    return mean, var_sum, math.prod(x.shape[a] for a in axes)
+
+
+def _normalize(x, mean, invstd, weight, bias):
+    xf = x.astype(acc_dtype(x.dtype))
+    y = (xf - _channel(mean, x.ndim)) * _channel(invstd, x.ndim)
+    return _affine(y, weight, bias).astype(x.dtype)
+
+
+def _train(x, weight, bias, eps):
+    mean, var_sum, n = _batch_stats(x)
+    invstd = lax.rsqrt(var_sum / n + eps)
+    return _normalize(x, mean, invstd, weight, bias), mean, invstd, var_sum, n
+
+
+@lowering(aten._native_batch_norm_legit_functional.default, static=True, meta=True)
+def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                          *, aval):
+    """(out, save_mean, save_invstd, new running_mean, new running_var)."""
+    if not training:
+        out, m, s = batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum,
+                                           eps, aval=aval[:3])
+        return out, m, s, running_mean, running_var
+    out, mean, invstd, var_sum, n = _train(x, weight, bias, eps)
+    unbiased = var_sum / (n - 1)   # running_var tracks the unbiased variance, as in eager
+    new_mean = momentum * mean.astype(running_mean.dtype) + (1 - momentum) * running_mean
+    new_var = momentum * unbiased.astype(running_var.dtype) + (1 - momentum) * running_var
+    return out, mean, invstd, new_mean, new_var
+
+
+@lowering(aten._native_batch_norm_legit.no_stats, static=True, meta=True)
+def batch_norm_no_stats(x, weight, bias, training, momentum, eps, *, aval):
+    out, mean, invstd, _, _ = _train(x, weight, bias, eps)
+    return out, mean, invstd
+
+
+@lowering(aten._native_batch_norm_legit_no_training.default, static=True, meta=True)
+def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps, *, aval):
+    invstd = lax.rsqrt(running_var.astype(acc_dtype(x.dtype)) + eps)
+    out = _normalize(x, running_mean, invstd, weight, bias)
+    return out, _empty(aval[1]), _empty(aval[2])
+
+
+@lowering(aten.native_batch_norm_backward.default, static=True)
+def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd,
+                               train, eps, output_mask):
+    dt = acc_dtype(x.dtype)
+    if train:
+        mean, invstd = save_mean.astype(dt), save_invstd.astype(dt)
+    else:
+        mean, invstd = running_mean.astype(dt), lax.rsqrt(running_var.astype(dt) + eps)
+    axes = (0,) + tuple(range(2, x.ndim))
+    g = grad.astype(dt)
+    xhat = (x.astype(dt) - _channel(mean, x.ndim)) * _channel(invstd, x.ndim)
+    gsum = jnp.sum(g, axis=axes)
+    dotp = jnp.sum(g * xhat, axis=axes)
+    w = jnp.ones_like(invstd) if weight is None else weight.astype(dt)
+    gi = None
+    if output_mask[0]:
+        scale = _channel(w * invstd, x.ndim)
+        if train:
+            n = math.prod(x.shape[a] for a in axes)
+            gi = scale * (g - _channel(gsum / n, x.ndim) - xhat * _channel(dotp / n, x.ndim))
+        else:
+            gi = g * scale
+        gi = gi.astype(x.dtype)
+    return (gi,
+            dotp if output_mask[1] else None,
+            gsum if output_mask[2] else None)
+
+
+# -- group norm -----------------------------------------------------------------------------------
+
+def _grouped(x, n, group):
+    return x.astype(acc_dtype(x.dtype)).reshape(n, group, -1)
+
+
+@lowering(aten.native_group_norm.default, static=True)
+def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
+    xg = _grouped(x, n, group)
+    mean = jnp.mean(xg, axis=-1)
+    var = jnp.mean(jnp.square(xg - mean[..., None]), axis=-1)
+    rstd = lax.rsqrt(var + eps)
+    y = ((xg - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    return _affine(y, weight, bias).astype(x.dtype), mean, rstd
+
+
+@lowering(aten.native_group_norm_backward.default, static=True)
+def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, output_mask):
+    dt = acc_dtype(x.dtype)
+    xg = _grouped(x, n, group)
+    xhat = (xg - mean.astype(dt)[..., None]) * rstd.astype(dt)[..., None]
+    g = grad.astype(dt).reshape(n, c, -1)
+    xhat_c = xhat.reshape(n, c, -1)
+    gi = None
+    if output_mask[0]:
+        gw = g if weight is None else g * weight.astype(dt)[None, :, None]
+        gw = gw.reshape(n, group, -1)
+        d = gw.shape[-1]
+        gi = rstd.astype(dt)[..., None] * (
+            gw - jnp.sum(gw, axis=-1, keepdims=True) / d
+            - xhat * jnp.sum(gw * xhat, axis=-1, keepdims=True) / d)
+        gi = gi.reshape(x.shape).astype(x.dtype)
+    dw = jnp.sum(g * xhat_c, axis=(0, 2)) if output_mask[1] else None
+    db = jnp.sum(g, axis=(0, 2)) if output_mask[2] else None
+    return gi, dw, db
+
+
+# -- layer norm -----------------------------------------------------------------------------------
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    xf = x.astype(acc_dtype(x.dtype))
+    mean = jnp.mean(xf, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    y = (xf - mean) * rstd
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y.astype(x.dtype), mean, rstd
+
+
+@lowering(aten.native_layer_norm.default, static=True)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    return _layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+@lowering(aten.native_layer_norm_backward.default, static=True)
+def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    n = math.prod(x.shape[a] for a in axes)
+    xhat = (x - mean) * rstd
+    g = grad if weight is None else grad * weight
+    dx = rstd / n * (n * g - jnp.sum(g, axis=axes, keepdims=True)
+                     - xhat * jnp.sum(g * xhat, axis=axes, keepdims=True))
+    lead = tuple(range(x.ndim - len(normalized_shape)))
+    dw = jnp.sum(grad * xhat, axis=lead) if weight is not None else None
+    db = jnp.sum(grad, axis=lead) if bias is not None else None
+    # Outputs not asked for are undefined tensors (None) in PyTorch.
+    return (dx.astype(x.dtype) if output_mask[0] else None,
+            dw.astype(weight.dtype) if output_mask[1] and dw is not None else None,
+            db.astype(bias.dtype) if output_mask[2] and db is not None else None)
+
+
