@@ -27,7 +27,9 @@ _TORCH_TO_JAX = {
     torch.complex64: jnp.complex64,
     torch.complex128: jnp.complex128,
 }
-_JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
+# numpy dtype objects throughout, so avals hash alike whether they came from jax or torch.
+_TORCH_TO_JAX = {k: np.dtype(v) for k, v in _TORCH_TO_JAX.items()}
+_JAX_TO_TORCH = {v: k for k, v in _TORCH_TO_JAX.items()}
 
 # torch's .numpy() cannot export bfloat16; it travels as int16 bits.
 _BITCAST = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
