@@ -178,5 +178,9 @@ def test_to_path_keeps_requires_grad_and_returns_same_path_tensors_unchanged(fak
     assert xc.to_path(a, "fake") is a
     moved = xc.to_path(a, "core")
     assert moved.requires_grad and moved.is_leaf
-    with pytest.raises(TypeError, match="hlo tensor"):
-        xc.to_path(torch.ones(2), "core")
+
+
+def test_to_path_moves_a_cpu_tensor_onto_the_device_on_that_path(fake_path):
+    moved = xc.to_path(torch.arange(4), "fake")
+    assert paths.of(moved) == "fake" and moved.device.type == "hlo"
+    assert_same(moved * 2, torch.arange(4) * 2)

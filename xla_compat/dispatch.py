@@ -27,6 +27,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from . import metrics, paths, rollout, settings
+from .lazy.tensor import DEVICE
 from .rollout import Reason
 
 log = logging.getLogger("xla_compat.dispatch")
@@ -287,14 +288,11 @@ def use_path(name: str):
 
 
 def to_path(t: torch.Tensor, name: str) -> torch.Tensor:
-    """A copy of device tensor ``t`` on path ``name`` (``t`` itself if it is already there).
+    """A copy of ``t`` on path ``name`` (``t`` itself if it is already there); a CPU tensor is
+    moved to the device on that path.
 
     Like ``t.detach()``: the copy is a new autograd leaf (``requires_grad`` is kept)."""
-    source = paths.of(t)
-    if source is None:
-        raise TypeError(f"xla_compat: to_path needs an hlo tensor, got one on {t.device}; use "
-                        f"t.to(xc.device()) inside `with xc.use_path({name!r}):` instead")
-    if source == name:
+    if paths.of(t) == name:
         return t
     _check_available(name)
     impl = paths.get(name)
@@ -302,8 +300,7 @@ def to_path(t: torch.Tensor, name: str) -> torch.Tensor:
         return impl.to_path(t)
     host = t.detach().cpu()
     with paths.activated(name):
-        out = host.to(t.device)
-    return out.requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() else out
+        return host.to(DEVICE).requires_grad_(t.requires_grad)
 
 
 def _reset_for_tests() -> None:
