@@ -1,0 +1,101 @@
+"""Activations on hlo match CPU eager, including their gradients exactly at the kinks."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import xla_compat as xc
+from xla_compat import paths, settings
+from xla_compat.lowering import registry
+from xla_compat.lowering.registry import aten
+
+from ._nn_check import check
+
+torch.manual_seed(0)
+
+# Random values plus the points where the activations change branch.
+KINKS = torch.tensor([-3.0, 3.0, 0.0, -0.5, 0.5, -1.0, 1.0, 20.0, -20.0, 25.0])
+
+
+def _x(*shape):
+    return torch.cat([torch.randn(*shape).flatten() * 3, KINKS]).reshape(-1, 2)
+
+
+def test_activation_ops_have_rules():
+    for op in (aten.elu_backward.default, aten.softplus_backward.default, aten.hardswish.default,
+               aten.hardswish_backward.default, aten.hardsigmoid.default,
+               aten.hardsigmoid_backward.default, aten.mish.default,
+               aten.log_sigmoid_forward.default, aten.log_sigmoid_backward.default,
+               aten.glu.default, aten.glu_backward.default, aten._prelu_kernel.default,
+               aten._prelu_kernel_backward.default, aten.rrelu_with_noise_functional.default,
+               aten.rrelu_with_noise_backward.default, aten.celu.default,
+               aten.hardshrink.default, aten.hardshrink_backward.default,
+               aten.softshrink.default, aten.softshrink_backward.default):
+        assert registry.lookup(op) is not None, op
+
+
+@pytest.mark.parametrize("fn", [
+    F.elu,
+    lambda x: F.elu(x, alpha=0.7),
+    F.selu,
+    F.celu,
+    lambda x: F.celu(x, alpha=2.5),
+    F.softplus,
+    lambda x: F.softplus(x, beta=2, threshold=5),
+    F.hardswish,
+    F.hardsigmoid,
+    F.mish,
+    F.logsigmoid,
+    F.hardshrink,
+    lambda x: F.hardshrink(x, 1.0),
+    F.softshrink,
+    lambda x: F.softshrink(x, 1.0),
+    F.tanhshrink,
+    F.relu6,
+], ids=lambda f: getattr(f, "__name__", "lambda"))
+def test_activation_and_gradient(fn):
+    check(fn, _x(6, 4))
+
+
+def test_elu_backward_through_the_result():
+    # In-place elu saves its result, so the backward op takes the is_result branch.
+    check(lambda x: F.elu(x * 1.0, alpha=1.3, inplace=True), _x(4, 4))
+
+
+@pytest.mark.parametrize("d", [-1, 0, 1])
+def test_glu(d):
+    check(lambda x: F.glu(x, d), torch.randn(4, 6, 2))
+
+
+@pytest.mark.parametrize("wshape", [(1,), (3,)])
+def test_prelu(wshape):
+    check(F.prelu, torch.randn(2, 3, 4, 5), torch.rand(wshape))
+    check(F.prelu, torch.randn(5, 3), torch.rand(wshape))
+
+
+def test_rrelu_eval_uses_the_mean_slope():
+    check(lambda x: F.rrelu(x, 0.1, 0.3, training=False), _x(5, 4))
+
+
+def test_rrelu_training_draws_slopes_in_range_and_backprops_them():
+    x = torch.randn(64, 8)
+    with paths.activated("core"), settings.override(cpu_fallback="error"):
+        dev = xc.device()
+        xd = x.to(dev).requires_grad_()
+        xc.manual_seed(3)
+        y = F.rrelu(xd, 0.1, 0.3, training=True)
+        y.backward(torch.ones_like(y))
+        out, g = y.detach().cpu(), xd.grad.cpu()
+        y2 = F.rrelu(x.to(dev), 0.1, 0.3, training=True).cpu()
+        xc.manual_seed(3)
+        y3 = F.rrelu(x.to(dev), 0.1, 0.3, training=True).cpu()
+    pos = x > 0
+    torch.testing.assert_close(out[pos], x[pos], rtol=0, atol=0)
+    slope = out[~pos] / x[~pos]
+    assert bool(((slope >= 0.1 - 1e-6) & (slope <= 0.3 + 1e-6)).all())
+    assert slope.std() > 0.01                      # a slope per element, not one shared
+    torch.testing.assert_close(g[pos], torch.ones_like(g[pos]))
+    torch.testing.assert_close(g[~pos], slope, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(out, y2)                # fresh slopes each call
+    torch.testing.assert_close(out, y3, rtol=0, atol=0)   # ... and repeatable under a seed
