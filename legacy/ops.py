@@ -205,6 +205,13 @@ def _as_strided(x, out, size, stride, storage_offset=None):
             "view_as_complex, view(dtype)) is not supported on the legacy path; clone() first")
     offset = x.storage_offset() if storage_offset is None else storage_offset
     view = Layout(tuple(int(s) for s in size), tuple(int(s) for s in stride), int(offset))
+    have = storage_elements(x)
+    if view.storage_size > have:   # meta tensors skip eager's bounds check
+        item = x.element_size()
+        raise RuntimeError(
+            f"setStorage: sizes {list(view.shape)}, strides {list(view.stride)}, storage offset "
+            f"{view.offset}, and itemsize {item} requiring a storage size of "
+            f"{view.storage_size * item} are out of bounds for storage of size {have * item}")
     return (AsStrided(view, x._alias.root),)   # storage semantics: the chain so far is moot
 
 
