@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch._decomp import core_aten_decompositions
@@ -171,7 +172,7 @@ def fill(template, values):
 # Recording nodes.
 
 def _flat_tensors(out) -> list:
-    if isinstance(out, torch.Tensor):
+    if isinstance(out, (torch.Tensor, TMeta)):
         return [out]
     if isinstance(out, (list, tuple)):
         return [t for e in out for t in _flat_tensors(e)]
@@ -207,6 +208,10 @@ def wrap_outputs(cls, meta_out, node: Node, start: int = 0):
     counter = [start]
 
     def conv(m):
+        if isinstance(m, TMeta):
+            i = counter[0]
+            counter[0] += 1
+            return cls(Value(node, i), m.shape, m.dtype, m.stride, m.offset)
         if isinstance(m, torch.Tensor):
             i = counter[0]
             counter[0] += 1
@@ -216,6 +221,76 @@ def wrap_outputs(cls, meta_out, node: Node, start: int = 0):
         return m
 
     return conv(meta_out)
+
+
+class TMeta(NamedTuple):
+    """What the meta kernel said about one output tensor."""
+
+    shape: tuple
+    dtype: torch.dtype
+    stride: tuple
+    offset: int
+
+
+def _desc(x):
+    if isinstance(x, torch.Tensor):
+        return TMeta(tuple(x.shape), x.dtype, tuple(x.stride()), x.storage_offset())
+    if isinstance(x, (list, tuple)):
+        return type(x)(_desc(e) for e in x)
+    return x
+
+
+_NUMBER = (int, float, bool, complex)
+
+
+def _key_of(x, out: list) -> bool:
+    """Append a hashable description of ``x`` to ``out``; False if it has none."""
+    if isinstance(x, torch.Tensor):
+        out.append((x.shape, x.stride(), x.dtype, x.storage_offset()))
+    elif type(x) in _NUMBER:
+        out.append((type(x), x))     # 1, 1.0 and True promote differently
+    elif isinstance(x, (list, tuple)):
+        out.append(len(x))
+        for e in x:
+            if not _key_of(e, out):
+                return False
+    else:
+        try:
+            hash(x)
+        except TypeError:
+            return False
+        out.append(x)
+    return True
+
+
+_META_CACHE: dict = {}
+_META_CACHE_LIMIT = 65536
+
+
+def meta(func, args, kwargs):
+    """(output description, {flat tensor-argument position: its description after the op}).
+
+    Cached on the op and its arguments' shapes, strides, dtypes and static values, so a traced
+    loop runs each distinct op's meta kernel once. Errors are never cached.
+    """
+    parts = [func]
+    key = None
+    if _key_of(args, parts) and _key_of(tuple(sorted(kwargs.items())), parts):
+        key = tuple(parts)
+        hit = _META_CACHE.get(key)
+        if hit is not None:
+            metrics.inc("MetaCacheHit")
+            return hit
+    memo: dict = {}
+    out = run_meta(func, args, kwargs, memo)
+    flat = _flat_tensors((args, list(kwargs.values())))
+    after = {i: _desc(memo[id(t)]) for i, t in enumerate(flat) if id(t) in memo}
+    result = (_desc(out), after)
+    if key is not None:
+        if len(_META_CACHE) >= _META_CACHE_LIMIT:
+            _META_CACHE.clear()
+        _META_CACHE[key] = result
+    return result
 
 
 def run_meta(func, args, kwargs, memo=None):
@@ -282,7 +357,7 @@ def trace(cls, func, args, kwargs):
             return trace_mutation(cls, func, args, kwargs)
         rule = registry.lookup(func)
         if rule is not None:
-            meta_out = run_meta(func, args, kwargs)
+            meta_out, _ = meta(func, args, kwargs)
             node = make_node(func, rule, args, kwargs, _flat_tensors(meta_out))
             return wrap_outputs(cls, meta_out, node)
         return decompose_or_fallback(cls, func, args, kwargs)
@@ -319,8 +394,7 @@ def functional_results(cls, func, args, kwargs):
         target = functional
     if rule is None:
         return None
-    memo: dict = {}
-    meta_out = run_meta(func, args, kwargs, memo)
+    meta_out, after = meta(func, args, kwargs)
     bound = _bind(func, args, kwargs)
     mutated_tensors = []
     for n in names:
@@ -338,7 +412,8 @@ def functional_results(cls, func, args, kwargs):
     else:
         f_args, f_kwargs = args, kwargs
     # The meta kernel resized out= twins where eager would resize the real tensors.
-    out_metas = fresh_metas + [memo[id(m)] for m in mutated_tensors]
+    position = {id(t): i for i, t in enumerate(_flat_tensors((args, list(kwargs.values()))))}
+    out_metas = fresh_metas + [after[position[id(m)]] for m in mutated_tensors]
     node = make_node(target, rule, f_args, f_kwargs, out_metas)
     pairs = [(m, Value(node, fresh + i)) for i, m in enumerate(mutated_tensors)]
     return meta_out, node, pairs, fresh
