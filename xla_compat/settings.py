@@ -87,6 +87,38 @@ def _patterns(env: Mapping[str, str], name: str) -> tuple[str, ...] | None:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
+def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r}: expected a fraction from 0 to 1, e.g. 0.01") from None
+    if not 0.0 <= value <= 1.0:
+        raise SettingError(f"{name}={raw!r}: expected a fraction from 0 to 1, e.g. 0.01")
+    return value
+
+
+def _tolerances(env: Mapping[str, str], name: str) -> tuple:
+    """``float32=1e-5:1e-6,bfloat16=0.016:1e-5`` -> ((dtype, rtol, atol), ...)."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return ()
+    out = []
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        try:
+            dtype, tols = item.split("=")
+            rtol, atol = (float(v) for v in tols.split(":"))
+        except ValueError:
+            raise SettingError(f"{name}={raw!r}: expected dtype=rtol:atol items separated by "
+                               f"commas, e.g. float32=1e-5:1e-6,bfloat16=0.016:1e-5") from None
+        out.append((dtype.strip().replace("torch.", ""), rtol, atol))
+    return tuple(out)
+
+
 # Where the rollout's stickiness key comes from, in order. The first three are the same on every
 # host, rank and restart of one job; the last is sticky only across restarts on one host (set
 # XLA_JOB_ID for multi-host jobs).
@@ -131,6 +163,13 @@ class Settings:
     torch_version: str | None = None            # None: the running torch (tests inject others)
     dispatch_errors: tuple[str, ...] = ()       # malformed dispatch values, one message each
 
+    # -- dual-run validation (xla_compat.dualrun) ------------------------------------------------
+    dual_run: str = "off"                # XLA_DUAL_RUN: off | sample | strict | lockstep
+    dual_run_rate: float = 0.01          # XLA_DUAL_RUN_RATE: fraction of steps sample mode checks
+    dual_run_report: str | None = None   # XLA_DUAL_RUN_REPORT: JSONL file, one line per dual run
+    dual_run_tolerances: tuple = ()      # XLA_DUAL_RUN_TOLERANCES: float32=1e-5:1e-6,... overrides
+    dual_run_ignore: tuple[str, ...] = ()  # XLA_DUAL_RUN_IGNORE: op:<glob> / name:<glob> rules
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
@@ -154,6 +193,11 @@ class Settings:
             metrics_file=env.get("XLA_METRICS_FILE") or None,
             compile_cache_size=_int(env, "XLA_COMPILE_CACHE_SIZE", 1024, lo=1),
             donate=_flag(env, "XLA_DONATE_BUFFERS", True),
+            dual_run=_choice(env, "XLA_DUAL_RUN", "off", ("off", "sample", "strict", "lockstep")),
+            dual_run_rate=_fraction(env, "XLA_DUAL_RUN_RATE", 0.01),
+            dual_run_report=env.get("XLA_DUAL_RUN_REPORT") or None,
+            dual_run_tolerances=_tolerances(env, "XLA_DUAL_RUN_TOLERANCES"),
+            dual_run_ignore=_patterns(env, "XLA_DUAL_RUN_IGNORE") or (),
             raw={k: v for k, v in env.items()
                  if k.startswith("XLA_") or k in JOB_ID_SOURCES},
         )
