@@ -220,3 +220,26 @@ def movedim(x, source, destination):
     return jnp.moveaxis(x, source, destination)
 
 
+
+
+@lowering(aten.unfold_backward.default, meta=True)
+def unfold_backward(grad, input_sizes, d, size, step, *, aval):
+    """Sum every window back to where it came from; elements in no window get zero."""
+    if not aval.shape:
+        return jnp.reshape(grad, ()).astype(aval.dtype)
+    d = dim(d, len(aval.shape))
+    n = (aval.shape[d] - size) // step + 1
+    idx = (np.arange(n)[:, None] * step + np.arange(size)[None, :]).reshape(-1)
+    windows = jnp.moveaxis(grad, -1, d + 1)
+    windows = windows.reshape(aval.shape[:d] + (idx.size,) + aval.shape[d + 1:])
+    index = [slice(None)] * len(aval.shape)
+    index[d] = idx
+    at = jnp.zeros(aval.shape, aval.dtype).at[tuple(index)]
+    if aval.dtype == jnp.bool_:  # bool has no add: overlapping windows combine with `or`
+        return at.max(windows.astype(aval.dtype))
+    return at.add(windows.astype(aval.dtype))
+
+
+@lowering(aten.view_copy.dtype, meta=True)
+def view_copy_dtype(x, dtype, *, aval):
+    return view(x, aval=aval)
