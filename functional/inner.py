@@ -84,7 +84,8 @@ def _copy_from_host(cls, func, args, kwargs):
         return NotImplemented
     tracer.run_meta(aten.copy.default, (dst, src), {})
     metrics.inc("TransferToDevice")
-    host = src.detach().to(dst.dtype).expand(dst.shape).contiguous()
+    # A private copy: device_put of host memory can alias it, and the caller may write `src` later.
+    host = src.detach().to(dst.dtype).expand(dst.shape).clone(memory_format=torch.contiguous_format)
     return cls(ir.leaf(_jax.from_torch(host)), tuple(dst.shape), dst.dtype)
 
 
@@ -106,6 +107,21 @@ def _as_strided_scatter(cls, func, args, kwargs):
         return NotImplemented
     tracer.run_meta(func, args, kwargs)
     return writes.as_strided_write(cls, base, src, tuple(size), tuple(stride), offset)
+
+
+@handles(aten.sub.Tensor)
+def _bool_write_back_delta(cls, func, args, kwargs):
+    """Upstream writes an expanded view back as ``base + sum_to(new - base)``; for bool tensors
+    ``sub`` is an error (a bool write through one piece of an expanded view raises upstream).
+    The difference is taken in int8 (-1/0/1) so the sum and add that follow give eager's result.
+    The inner tensor cannot tell this call from a user's bool subtraction, which eager rejects
+    and which here gives int8 differences instead (a known, documented deviation)."""
+    a, b = args[0], args[1]
+    if not (isinstance(a, LazyTensor) and isinstance(b, LazyTensor)
+            and a.dtype is torch.bool and b.dtype is torch.bool
+            and kwargs.get("alpha", args[2] if len(args) > 2 else 1) == 1):
+        return NotImplemented
+    return aten.sub.Tensor(a.to(torch.int8), b.to(torch.int8))
 
 
 @handles(aten.unfold_backward.default)
