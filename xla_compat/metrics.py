@@ -85,12 +85,22 @@ def metric_names() -> list[str]:
 def fallback_ops() -> list[str]:
     """Ops that ran on the CPU because no lowering existed, as ``aten::<name>``."""
     with _lock:
-        return sorted(k for k, v in _counters.items() if k.startswith("aten::") and v)
+        return sorted(k for k, v in _counters.items() if "::" in k and v)
 
 
 def reset() -> None:
     with _lock:
         _counters.clear()
+        _metrics.clear()
+
+
+def clear_counters() -> None:
+    with _lock:
+        _counters.clear()
+
+
+def clear_metrics() -> None:
+    with _lock:
         _metrics.clear()
 
 
