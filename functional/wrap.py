@@ -82,9 +82,14 @@ def propagate_alias_id(w: torch.Tensor, inner_t: LazyTensor) -> int:
 
 
 def sync_wrapper(w: torch.Tensor) -> LazyTensor:
-    """Apply pending alias updates to ``w`` and return its (current) inner tensor."""
+    """Apply pending alias updates to ``w`` and return its (current) inner tensor.
+
+    A wrapper seen here is tracked from now on (parameters made by ``nn.Parameter(wrapper)`` are
+    new wrapper objects the factories never saw)."""
     torch._sync(w)
     inner_t = torch._from_functional_tensor(w)
+    if id(w) not in _wrappers:
+        track(w)
     propagate_alias_id(w, inner_t)
     return inner_t
 
