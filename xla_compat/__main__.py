@@ -14,7 +14,13 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-EXTENSIONS: tuple[str, ...] = ()   # modules that register more subcommands when imported
+EXTENSIONS: tuple[str, ...] = (    # modules that register more subcommands when imported
+    "xla_compat.dualrun.cli",
+)
+
+# Under ``python -m xla_compat`` this module runs as ``__main__``; extensions import
+# ``xla_compat.__main__`` to register, so both names must be this one module (one registry).
+sys.modules.setdefault("xla_compat.__main__", sys.modules[__name__])
 
 
 @dataclass(frozen=True)
