@@ -68,7 +68,9 @@ def from_torch(t: torch.Tensor) -> jax.Array:
         host = t.view(as_int).numpy().view(np_dtype)
     else:
         host = t.numpy()
-    return jax.device_put(host, device())
+    # device_put may alias the host buffer on a CPU backend; the tensor must not share it, or a
+    # later in-place write to the CPU tensor would change the device value.
+    return jax.device_put(host.copy(), device())
 
 
 def to_torch(a: jax.Array) -> torch.Tensor:
