@@ -17,7 +17,7 @@ test: .venv
 	$(PY) -m pytest -q -n $(JOBS) -m "not slow" tests
 
 conformance: .venv
-	$(PY) -m tests.conformance.run --full
+	$(PY) -m tests.conformance.run --full --jobs $(JOBS)
 
 bench: .venv
 	$(PY) benchmarks/run.py --out benchmarks/RESULTS.md

@@ -1,0 +1,227 @@
+"""Turn the harness's tallies into REPORT.md and report.json: totals per path, then one row per op."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import torch
+
+from . import skips
+from .harness import dtype_name, full_name
+
+
+def _empty():
+    return {"passed": 0, "failed": 0, "fallback": 0, "skipped": 0}
+
+
+def _clean(ok: dict) -> bool:
+    """Every sample run passed on the device itself (skips allowed, at least one pass)."""
+    return ok["failed"] == 0 and ok["fallback"] == 0 and ok["passed"] > 0
+
+
+def build(rows: list[dict], meta: dict, op_db, indices: list[int]) -> dict:
+    paths = [p for p in meta["paths"] if p not in meta.get("unavailable_paths", {})]
+    order = [full_name(op_db[i]) for i in indices]
+    float32_ops = {full_name(op_db[i]) for i in indices
+                   if op_db[i].supports_dtype(torch.float32, "cpu")}
+    by_key: dict = collections.OrderedDict()
+    for r in rows:
+        key = (r["op"], r["variant"])
+        entry = by_key.setdefault(key, {"op": r["op"], "variant": r["variant"], "dtypes": [],
+                                        "paths": {}})
+        if r["dtype"] != "-" and r["dtype"] not in entry["dtypes"]:
+            entry["dtypes"].append(r["dtype"])
+        p = entry["paths"].setdefault(r["path"], {**_empty(), "first_error": "", "skip_reason": "",
+                                                  "fallback_ops": {}, "seconds": 0.0,
+                                                  "by_dtype": {}})
+        for k in ("passed", "failed", "fallback", "skipped"):
+            p[k] += r[k]
+        p["seconds"] = round(p["seconds"] + r["seconds"], 3)
+        p["first_error"] = p["first_error"] or (f"[{r['dtype']}] {r['first_error']}"
+                                                if r["first_error"] else "")
+        p["skip_reason"] = p["skip_reason"] or r["skip_reason"]
+        for k, v in r["fallback_ops"].items():
+            p["fallback_ops"][k] = p["fallback_ops"].get(k, 0) + v
+        p["by_dtype"][r["dtype"]] = [r["passed"], r["failed"], r["fallback"], r["skipped"]]
+    rank = {name: i for i, name in enumerate(order)}
+    ops = sorted(by_key.values(), key=lambda e: (rank.get(e["op"], 1 << 30), e["variant"]))
+
+    totals = {}
+    for path in paths:
+        t = {**_empty(), "opinfos": 0, "opinfos_all_pass": 0, "opinfos_skipped": 0,
+             "float32_opinfos": 0, "float32_all_pass": 0, "inplace_variants": 0,
+             "inplace_all_pass": 0, "partial_views_pass": None, "fallback_samples": 0,
+             "fallback_ops": {}, "seconds": 0.0, "ops_with_fallback": 0}
+        for e in ops:
+            p = e["paths"].get(path)
+            if p is None:
+                continue
+            for k in ("passed", "failed", "fallback", "skipped"):
+                t[k] += p[k]
+            t["seconds"] += p["seconds"]
+            for k, v in p["fallback_ops"].items():
+                t["fallback_ops"][k] = t["fallback_ops"].get(k, 0) + v
+            t["ops_with_fallback"] += bool(p["fallback_ops"])
+            if e["variant"] == "inplace":
+                t["inplace_variants"] += 1
+                t["inplace_all_pass"] += _clean(p)
+                continue
+            if e["op"] in skips.SKIP_OPS:
+                t["opinfos_skipped"] += 1
+                continue
+            t["opinfos"] += 1
+            t["opinfos_all_pass"] += _clean(p)
+            if e["op"] in float32_ops:
+                t["float32_opinfos"] += 1
+                f32 = p["by_dtype"].get("float32")
+                if f32 and f32[1] == 0 and f32[2] == 0 and f32[0] > 0:
+                    t["float32_all_pass"] += 1
+            if e["op"].endswith(".partial_views"):
+                t["partial_views_pass"] = _clean(p)
+        t["fallback_samples"] = t["fallback"]
+        t["seconds"] = round(t["seconds"], 1)
+        t["fallback_ops"] = dict(sorted(t["fallback_ops"].items(), key=lambda kv: -kv[1]))
+        totals[path] = t
+    return {"meta": meta, "totals": totals, "comparison": comparison_rules(), "ops": ops}
+
+
+def comparison_rules() -> dict:
+    return {
+        "default_tolerances": {dtype_name(k): {"rtol": v[0], "atol": v[1]}
+                               for k, v in skips.DEFAULT_TOLERANCES.items()},
+        "integer_and_bool": "exact",
+        "op_overrides": "the op's own toleranceOverride/precisionOverride decorators in op_db "
+                        "(CPU or any device type) loosen the default for that dtype",
+        "extra_overrides": {k: {"tolerances": {dtype_name(d): t for d, t in v[0].items()},
+                                "reason": v[1]} for k, v in skips.TOLERANCES.items()},
+        "random_ops": sorted(skips.RANDOM_OPS),
+        "random_rule": "shape and dtype exact; no non-finite values where eager has none; with "
+                       ">= 100 elements, means within 0.2 std + 4 std*sqrt(2/n) and std ratio in "
+                       "[0.6, 1.67], or the 10/50/90% quantiles within 0.25 of eager's 10-90% "
+                       "spread",
+        "metadata_only": sorted(skips.METADATA_ONLY),
+        "skipped_ops": skips.SKIP_OPS,
+    }
+
+
+def _cell(p) -> str:
+    if p is None:
+        return "-"
+    return f"{p['passed']}/{p['failed']}/{p['fallback']}/{p['skipped']}"
+
+
+def _md(text: str, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    if len(text) > limit:
+        text = text[:limit - 1] + "…"
+    return text.replace("|", "\\|")
+
+
+def summary(data: dict) -> str:
+    m = data["meta"]
+    lines = [f"wall {m['wall_seconds']:.0f}s, {m['ops_selected']} OpInfos, cap {m['cap']}"]
+    for path, why in m.get("unavailable_paths", {}).items():
+        lines.append(f"  {path}: NOT RUN ({why})")
+    for path, t in data["totals"].items():
+        lines.append(
+            f"  {path}: OpInfos all-pass {t['opinfos_all_pass']}/{t['opinfos']}, float32 "
+            f"{t['float32_all_pass']}/{t['float32_opinfos']}, in-place {t['inplace_all_pass']}/"
+            f"{t['inplace_variants']}; samples passed {t['passed']} failed {t['failed']} "
+            f"fallback-only {t['fallback']} skipped {t['skipped']}; {t['seconds']:.0f}s")
+    return "\n".join(lines)
+
+
+def markdown(data: dict) -> str:
+    m, totals = data["meta"], data["totals"]
+    paths = list(totals)
+    out = ["# OpInfo conformance report", "",
+           "PyTorch's OpInfo database (`op_db`, torch " + m["torch"] + ") run sample by sample on "
+           "`hlo` against CPU eager, per path. Generated by `make conformance` "
+           "(`python -m tests.conformance.run --full`); do not edit by hand.", "",
+           f"- date {m['date']}, commit {m['commit']}, jax {m['jax']}",
+           f"- wall time: **{m['wall_seconds'] / 60:.1f} min** ({m['wall_seconds']:.0f} s) with "
+           f"{m['jobs']} worker process(es); samples per op and dtype capped at {m['cap']} "
+           f"(bfloat16: {max(m['cap'] // 2, 1)}), every distinct kind of sample first",
+           f"- OpInfos selected: {m['ops_selected']}"]
+    for path, why in m.get("unavailable_paths", {}).items():
+        out.append(f"- path **{path}** not run: {why}")
+    out += ["", "## Totals", "",
+            "| | " + " | ".join(paths) + " |", "|---|" + "---|" * len(paths)]
+
+    def row(label, fn):
+        out.append(f"| {label} | " + " | ".join(str(fn(totals[p])) for p in paths) + " |")
+
+    row("OpInfos passing every sample", lambda t: f"**{t['opinfos_all_pass']}** / {t['opinfos']}")
+    row("float32 OpInfos passing every float32 sample",
+        lambda t: f"**{t['float32_all_pass']}** / {t['float32_opinfos']}")
+    row("in-place variants passing every sample",
+        lambda t: f"**{t['inplace_all_pass']}** / {t['inplace_variants']}")
+    row("partial_views (as_strided) passes", lambda t: {None: "-", True: "yes", False: "no"}[
+        t["partial_views_pass"]])
+    row("OpInfos skipped (skips.py)", lambda t: t["opinfos_skipped"])
+    row("samples passed", lambda t: t["passed"])
+    row("samples failed", lambda t: t["failed"])
+    row("samples matching only through CPU fallback", lambda t: t["fallback"])
+    row("samples skipped", lambda t: t["skipped"])
+    row("op rows with CPU fallback", lambda t: t["ops_with_fallback"])
+    row("CPU-fallback op calls (aten::*)", lambda t: sum(t["fallback_ops"].values()))
+    row("seconds in samples (sum over workers)", lambda t: f"{t['seconds']:.0f}")
+    out += ["", "An OpInfo passes when every sample of every dtype run passed on the device: none "
+            "failed and none needed CPU fallback (skipped samples allowed). Cells below are "
+            "`passed/failed/fallback-only/skipped` samples over the dtypes listed.", ""]
+    for path in paths:
+        top = list(totals[path]["fallback_ops"].items())[:15]
+        if top:
+            out.append(f"Most frequent CPU fallbacks on {path}: " +
+                       ", ".join(f"`{k}` {v}" for k, v in top))
+            out.append("")
+    out += _rules_md(data["comparison"])
+    out += ["## Per op", "",
+            "| op | variant | dtypes | " + " | ".join(paths) + " | CPU fallback | first error |",
+            "|---|---|---|" + "---|" * len(paths) + "---|---|"]
+    for e in data["ops"]:
+        cells = [_cell(e["paths"].get(p)) for p in paths]
+        fb = sorted({k.removeprefix("aten::") for p in e["paths"].values()
+                     for k in p["fallback_ops"]})
+        err = next((f"{p}: {e['paths'][p]['first_error']}" for p in paths
+                    if e["paths"].get(p, {}).get("first_error")), "")
+        if not err:
+            err = next((f"skipped: {e['paths'][p]['skip_reason']}" for p in paths
+                        if e["paths"].get(p, {}).get("skip_reason")
+                        and e["paths"][p]["passed"] == 0), "")
+        out.append(f"| {e['op']} | {e['variant'] or ''} | {','.join(e['dtypes'])} | "
+                   + " | ".join(cells) + f" | {_md(', '.join(fb), 60)} | {_md(err)} |")
+    return "\n".join(out) + "\n"
+
+
+def _rules_md(c: dict) -> list[str]:
+    tol = ", ".join(f"{k} rtol {v['rtol']:g} atol {v['atol']:g}"
+                    for k, v in c["default_tolerances"].items())
+    out = ["## How results are compared", "",
+           f"- Tolerances, by each output's dtype: {tol} (torch.testing.assert_close's defaults); "
+           "int and bool outputs exact (also for float samples); Python floats as float32.",
+           "- An op's own `toleranceOverride`/`precisionOverride` in op_db (for CPU or any "
+           "device type) loosens its dtype's tolerance: that is PyTorch's statement of how far "
+           "two correct implementations may differ.",
+           "- Extra looser tolerances (tests/conformance/skips.py `TOLERANCES`): " +
+           (", ".join(f"{k} ({v['reason']})" for k, v in c["extra_overrides"].items()) or "none"),
+           f"- Random ops ({len(c['random_ops'])}: {', '.join(c['random_ops'])}): {c['random_rule']}.",
+           f"- Uninitialised outputs ({', '.join(c['metadata_only'])}): shape and dtype only.",
+           "- In-place variants run on a clone of the input; samples where eager raises (e.g. the "
+           "result dtype cannot be cast to the input's) are skipped; the mutated input and the "
+           "returned tensor are compared, and the result must be the input itself when eager's is.",
+           "- Strides are not compared.",
+           "- Skipped OpInfos: " + ("; ".join(f"{k} ({v})" for k, v in c["skipped_ops"].items())
+                                    or "none"),
+           ""]
+    return out
+
+
+def write(data: dict, out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "REPORT.md"), "w") as f:
+        f.write(markdown(data))
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(data, f, indent=1, sort_keys=False, default=str)
+        f.write("\n")

@@ -1,0 +1,157 @@
+"""A CI-sized slice of the OpInfo conformance run: every op family, float32/int64/bool, every path.
+
+The full gauge is ``make conformance`` (tests/conformance/run.py); this slice runs a few samples
+of each op below (and its in-place variant) on each path and requires all of them to match CPU
+eager on the device itself, with no CPU fallback. The last tests pin the harness's own behaviour.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import xla_compat as xc
+from tests.conftest import PATHS
+
+from . import harness
+
+# One line per family; names are OpInfo full names (name or name.variant_test_name).
+SUBSET = {
+    "elementwise": ("add", "sub", "mul", "div.no_rounding_mode", "neg", "abs", "exp", "log",
+                    "sigmoid", "tanh", "pow", "clamp", "where", "eq", "lt", "maximum",
+                    "logical_and", "bitwise_and", "masked_fill"),
+    "reductions": ("sum", "mean", "amax", "argmax", "prod", "cumsum", "all", "any", "var"),
+    "views": ("transpose", "permute", "view", "reshape", "expand", "narrow", "select",
+              "squeeze", "unsqueeze", "t", "as_strided"),
+    "indexing": ("index_select", "gather", "scatter", "index_put", "take_along_dim"),
+    "linalg": ("matmul", "mm", "bmm", "addmm"),
+    "nn": ("nn.functional.relu", "softmax", "log_softmax", "nn.functional.layer_norm",
+           "nn.functional.embedding", "nn.functional.linear", "nn.functional.gelu",
+           "nn.functional.cross_entropy", "nn.functional.dropout"),
+    "shape": ("cat", "stack", "split", "flip", "roll", "tril", "triu", "repeat"),
+}
+DTYPES = (torch.float32, torch.int64, torch.bool)
+CAP = 2  # samples per op, dtype and variant: the distinct kinds first
+ALL_PATHS = ("core",) + tuple(PATHS)
+CASES = [(family, name) for family, names in SUBSET.items() for name in names]
+
+
+@functools.lru_cache(maxsize=None)
+def _op_db() -> dict:
+    from torch.testing._internal.common_methods_invocations import op_db
+    return {harness.full_name(op): op for op in op_db}
+
+
+def _require(path: str) -> None:
+    why = harness.load_paths([path])[path]
+    if why:
+        pytest.fail(f"path {path!r} cannot run its conformance subset: {why}")
+
+
+@pytest.mark.parametrize("path", ALL_PATHS)
+@pytest.mark.parametrize("family,name", CASES, ids=[f"{f}-{n}" for f, n in CASES])
+def test_opinfo_samples_match_cpu_eager_on_the_device(path, family, name):
+    _require(path)
+    tallies = harness.run_op(_op_db()[name], path, cap=CAP, dtypes=DTYPES)
+    ran = sum(t.passed + t.failed + t.fallback for t in tallies)
+    assert ran > 0, f"{name}: no sample ran ({[t.skip_reason for t in tallies]})"
+    bad = [f"{t.variant or 'op'} {t.dtype}: {t.failed} failed, {t.fallback} only via CPU fallback "
+           f"{t.fallback_ops or ''} {t.first_error}" for t in tallies if t.failed or t.fallback]
+    assert not bad, f"{name} on {path}:\n" + "\n".join(bad)
+
+
+# -- the harness itself ----------------------------------------------------------------------------
+def _add_sample():
+    """A plain 2-d sample of ``add``."""
+    return next(s for s in _op_db()["add"].sample_inputs("cpu", torch.float32)
+                if s.input.dim() == 2)
+
+
+@pytest.fixture
+def core():
+    with xc.paths.activated("core"):
+        yield
+
+
+def test_a_device_result_that_differs_from_eager_is_a_failure_with_its_first_line(core):
+    op = _op_db()["add"]
+
+    def off_by_one_on_device(x, *args, **kwargs):
+        out = torch.add(x, *args, **kwargs)
+        return out + 1 if out.device.type == "hlo" else out
+
+    status, msg, _ = harness.run_sample(op, off_by_one_on_device, _add_sample(), torch.float32,
+                                        "exact", inplace=False)
+    assert status == "fail"
+    assert msg.startswith("AssertionError: Tensor-likes are not close!")
+
+
+def test_a_sample_that_only_matches_through_cpu_fallback_is_not_a_pass(core):
+    op = _op_db()["add"]
+
+    def through_cpu(x, *args, **kwargs):
+        if x.device.type == "hlo":   # an op with no lowering rule and no decomposition
+            return torch.ops.conformance_probe.double_it(torch.add(x, *args, **kwargs)) / 2
+        return torch.add(x, *args, **kwargs)
+
+    _register_probe()
+    status, _, used = harness.run_sample(op, through_cpu, _add_sample(), torch.float32, "exact",
+                                         inplace=False)
+    assert status == "fallback"
+    assert used == {"conformance_probe::double_it": 1}
+
+
+def test_a_failing_graph_left_pending_does_not_poison_the_next_sample(core):
+    op = _op_db()["add"]
+    kept = []
+
+    def leaves_a_broken_graph(x, *args, **kwargs):
+        out = torch.add(x, *args, **kwargs)
+        if out.device.type == "hlo":
+            kept.append(_broken_tensor(out.shape))
+        return out
+
+    first = harness.run_sample(op, leaves_a_broken_graph, _add_sample(), torch.float32, "exact",
+                               inplace=False)
+    assert first[0] == "fail" and "sync after the sample failed" in first[1]
+    second = harness.run_sample(op, op, _add_sample(), torch.float32, "exact", inplace=False)
+    assert second[0] == "pass", second
+    xc.sync()
+
+
+def test_sample_selection_keeps_every_kind_before_repeating_one():
+    op = _op_db()["sum"]
+    samples = list(op.sample_inputs("cpu", torch.float32))
+    kinds = {harness.sample_kind(s) for s in samples}
+    chosen = harness.select(samples, len(kinds))
+    assert {harness.sample_kind(s) for s in chosen} == kinds
+    assert len(harness.select(samples, len(kinds) + 1)) == len(kinds) + 1
+
+
+_probe_lib = None
+
+
+def _register_probe() -> None:
+    """A custom op with only a CPU kernel: no lowering, no decomposition, so it falls back."""
+    global _probe_lib
+    if _probe_lib is not None:
+        return
+    _probe_lib = torch.library.Library("conformance_probe", "DEF")
+    _probe_lib.define("double_it(Tensor x) -> Tensor")
+    _probe_lib.impl("double_it", lambda x: x * 2, "CPU")
+    _probe_lib.impl("double_it", lambda x: torch.empty_like(x), "Meta")
+
+
+def _broken_tensor(shape):
+    """A device tensor whose pending graph fails to lower."""
+    from xla_compat.lazy.ir import Aval, Node, Value
+    from xla_compat.lazy.tensor import LazyTensor
+    import numpy as np
+
+    def boom():
+        raise RuntimeError("this graph is broken on purpose")
+
+    aval = Aval(tuple(shape), np.dtype("float32"))
+    return LazyTensor(Value(Node("broken", boom, (), (), (), (aval,)), 0), tuple(shape),
+                      torch.float32)
