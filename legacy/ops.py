@@ -8,6 +8,8 @@ tensor's own chain. Every other op goes to the core tracer, which reads inputs t
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -45,6 +47,7 @@ def dispatch(func, args, kwargs):
             return handler(func, args, kwargs)
         if func._schema.is_mutable:
             check_overlapping_write(func, args, kwargs)
+            resize_outs(func, args, kwargs)
         return tracer.trace(LegacyTensor, func, args, kwargs)
 
 
@@ -68,22 +71,66 @@ def meta_of(t: LegacyTensor) -> torch.Tensor:
     return storage.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-def make_view(func, handler, args, kwargs):
-    x = args[0]
+class VMeta(NamedTuple):
+    """Sizes, dtype, strides and storage offset of a view, as eager computes them."""
+
+    shape: tuple
+    dtype: torch.dtype
+    stride: tuple
+    offset: int
+
+
+def _vmeta(m):
+    if isinstance(m, torch.Tensor):
+        return VMeta(tuple(m.shape), m.dtype, tuple(m.stride()), m.storage_offset())
+    return type(m)(_vmeta(e) for e in m)
+
+
+_META_CACHE: dict = {}
+
+
+def _freeze(a):
+    if isinstance(a, (list, tuple)):
+        return (type(a) is list,) + tuple(_freeze(e) for e in a)
+    if isinstance(a, torch.Tensor):
+        raise TypeError("tensor arguments are not cached")
+    return (type(a), a)
+
+
+def view_meta(func, x, args, kwargs):
+    """The view's metadata from the op's meta kernel on x's eager layout (cached per signature)."""
     try:
-        out = func(meta_of(x), *args[1:], **kwargs)
+        key = (func, tuple(x.shape), tuple(x.stride()), x.storage_offset(), x.dtype,
+               storage_elements(x), _freeze(args), _freeze(sorted(kwargs.items())))
+        hit = _META_CACHE.get(key)
+    except TypeError:   # an unhashable argument
+        key = hit = None
+    if hit is not None:
+        return hit
+    try:
+        out = _vmeta(func(meta_of(x), *args, **kwargs))
     except NotImplementedError:
         raise
     except Exception as e:  # eager's error, naming the op
-        tracer._reraise(e, func, args)
+        tracer._reraise(e, func, (x, *args))
+    if key is not None:
+        if len(_META_CACHE) > 65536:
+            _META_CACHE.clear()
+        _META_CACHE[key] = out
+    return out
+
+
+def make_view(func, handler, args, kwargs):
+    x = args[0]
+    out = view_meta(func, x, tuple(args[1:]), kwargs)
     chains = handler(x, out, *args[1:], **kwargs)
-    if isinstance(out, torch.Tensor):
+    if isinstance(out, VMeta):
         return _member(x, out, chains)
     return type(out)(_member(x, m, c) for m, c in zip(out, chains))
 
 
-def _member(x: LegacyTensor, meta: torch.Tensor, chain: tuple) -> LegacyTensor:
-    return LegacyTensor(_UNREAD, meta.shape, meta.dtype, meta.stride(), meta.storage_offset(),
+def _member(x: LegacyTensor, meta: VMeta, chain: tuple) -> LegacyTensor:
+    return LegacyTensor(_UNREAD, meta.shape, meta.dtype, meta.stride, meta.offset,
                         alias=x._alias, chain=chain)
 
 
@@ -322,3 +369,26 @@ def _eager_probe(func, args, kwargs) -> None:
             tracer._reraise(e, func, args)
     except Exception:
         pass
+
+
+# ----------------------------------------------------------------------------------------------
+# out= tensors of another shape: eager resizes them; here they become fresh storages.
+
+def resize_outs(func, args, kwargs) -> None:
+    outs = [a.name for a in func._schema.arguments
+            if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+    if not any(isinstance(kwargs.get(n), LegacyTensor) for n in outs):
+        return
+    _, after = tracer.meta(func, args, kwargs)
+    flat = tracer._flat_tensors((args, list(kwargs.values())))
+    for i, t in enumerate(flat):
+        if isinstance(t, LegacyTensor) and i in after and tuple(after[i].shape) != tuple(t.shape):
+            restride(t, _fresh(after[i].shape, t.dtype))
+
+
+def _fresh(shape, dtype) -> LegacyTensor:
+    from xla_compat.device import _EmptyRule
+    from xla_compat.lazy.ir import Aval, Node, Value
+    aval = Aval(tuple(int(s) for s in shape), _jax.to_jax_dtype(dtype))
+    return LegacyTensor(Value(Node("empty", _EmptyRule(aval), (), (), (), (aval,)), 0), aval.shape,
+                        dtype)

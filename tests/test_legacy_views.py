@@ -257,6 +257,16 @@ def test_out_argument_writes_through_view():
     run_both(prog, torch.zeros(4, 6), torch.arange(4.0))
 
 
+def test_out_of_another_shape_is_resized_like_eager():
+    def prog(a):
+        o = torch.empty(0, device=a.device)
+        torch.add(a, 1, out=o)
+        o.view(2, 3)[1].zero_()
+        return [o]
+
+    run_both(prog, torch.arange(6.0))
+
+
 @pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
 @pytest.mark.parametrize("include_self", [True, False])
 def test_index_reduce_with_empty_index_on_zero_size_dim(reduce, include_self):
