@@ -25,6 +25,7 @@ _wrappers: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueD
 # id(wrapper) -> alias id of its buffer lineage.
 _alias_of_wrapper: dict[int, int] = {}
 _alias_ids = itertools.count(1)
+_FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 
 
 def owns(t) -> bool:
@@ -52,7 +53,9 @@ def track(w: torch.Tensor) -> torch.Tensor:
 
 def wrap(t: LazyTensor) -> torch.Tensor:
     """A new user-visible tensor around ``t`` (bare ``t`` while an inner op is being traced)."""
-    if tracing() or owns(t):
+    # Inside a Functionalize kernel (it excludes its own key while it redispatches, e.g. for
+    # ``arange(out=wrapper)``) the new tensor is that kernel's inner value: it wraps it itself.
+    if tracing() or owns(t) or torch._C._dispatch_tls_is_dispatch_key_excluded(_FUNCTIONALIZE):
         return t
     w = torch._to_functional_tensor(t)
     if t.requires_grad:

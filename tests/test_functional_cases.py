@@ -227,3 +227,11 @@ def test_alias_id_survives_in_place_replacement(dev):
     second = fn.inner(p)
     assert second is not first
     assert fn.alias_id(second) == aid
+
+
+def test_factories_that_write_an_out_tensor(dev):
+    for made, ref in [(torch.arange(5, device=dev), torch.arange(5)),
+                      (torch.linspace(0, 1, 3, device=dev), torch.linspace(0, 1, 3)),
+                      (torch.full((2,), 3.0, device=dev), torch.full((2,), 3.0))]:
+        assert fn.owns(made)
+        assert_same(made, ref)
