@@ -409,3 +409,35 @@ def test_mixing_paths_in_one_op_is_an_error():
         y = torch.ones(3, device=xc.device())
     with pytest.raises(PathMixError):
         x + y
+
+
+def test_partial_sync_of_a_view_then_more_writes():
+    cpu = torch.arange(12.0).reshape(3, 4)
+    x = cpu.to(xc.device())
+    v, w = x.t()[1], x[2]
+    v.add_(1)
+    xc.sync([v])
+    v.mul_(2)
+    w.sub_(1)
+    text = xc.hlo_text([x])
+    assert "stablehlo" in text or "mhlo" in text or "func" in text
+    ref = cpu.clone()
+    ref.t()[1].add_(1)
+    ref.t()[1].mul_(2)
+    ref[2].sub_(1)
+    assert_same([x, v, w], [ref, ref.t()[1], ref[2]])
+
+
+def test_path_registration_and_to_path():
+    from xla_compat.legacy import LegacyTensor
+    impl = paths.get("legacy")
+    assert impl.probe() is None and impl.tensor_cls is LegacyTensor
+    x = torch.arange(4.0, device=xc.device())
+    assert paths.of(x) == "legacy" and impl.owns(x)
+    with paths.activated("core"):
+        c = torch.arange(4.0, device=xc.device()) * 2
+    moved = impl.to_path(c)
+    assert isinstance(moved, LegacyTensor)
+    moved[0] = 7          # a copy: the core tensor is untouched
+    assert_same(moved + x, torch.tensor([7.0, 3.0, 6.0, 9.0]))
+    assert_same(c, torch.tensor([0.0, 2.0, 4.0, 6.0]))
