@@ -71,14 +71,8 @@ def _pointwise(name: str, base):
         return [_apply(base, x, a1, a2, value=v, aval=a)
                 for x, a1, a2, v, a in zip(xs, t1s, t2s, _each(value, len(xs)), _avals(aval))]
 
-    @lowering(packet.Tensor, meta=True)
-    def rule_tensor(xs, t1s, t2s, scalars, *, aval):
-        # ``scalars`` is a 1-D tensor holding one value per list element.
-        return [_apply(base, x, a1, a2, value=scalars[i], aval=a)
-                for i, (x, a1, a2, a) in enumerate(zip(xs, t1s, t2s, _avals(aval)))]
-
     rule.__name__ = f"foreach_{name}"
-    rule_tensor.__name__ = f"foreach_{name}_tensor"
+    # The .Tensor overloads (a CPU tensor of per-element scalars) become .ScalarList in host_values.
 
 
 _pointwise("addcmul", aten.addcmul.default)

@@ -94,11 +94,18 @@ def put(x, index, source, accumulate=False):
 
 @lowering(aten.index_select.default)
 def index_select(x, d, index):
-    if x.ndim == 0:
-        return jnp.reshape(x, (1,) * jnp.ndim(index))[jnp.zeros(jnp.shape(index), jnp.int32)] \
-            if jnp.ndim(index) else x
+    if x.ndim == 0:  # eager returns the 0-d tensor itself
+        return x
     d = dim(d, x.ndim)
     return jnp.take(x, jnp.reshape(wrap_index(index, x.shape[d]), (-1,)), axis=d)
+
+
+@lowering(aten.nonzero_static.default, static=True)
+def nonzero_static(x, *, size, fill_value=-1):
+    """nonzero with a fixed row count: padded with ``fill_value``, or cut off at ``size``."""
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    return jnp.stack(jnp.nonzero(x, size=size, fill_value=fill_value), axis=-1)
 
 
 # -- backward of views: put the gradient where the view lived in a zero tensor -----------------------
