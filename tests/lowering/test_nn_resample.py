@@ -1,0 +1,86 @@
+"""Upsampling, padding and shuffles on hlo match CPU eager, forward and backward."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from xla_compat.lowering import registry
+from xla_compat.lowering.registry import aten
+
+from ._nn_check import check
+
+torch.manual_seed(0)
+
+
+def test_resample_ops_have_rules():
+    names = [f"upsample_nearest{n}d" for n in (1, 2, 3)] + \
+            [f"_upsample_nearest_exact{n}d" for n in (1, 2, 3)] + \
+            ["upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d",
+             "upsample_bicubic2d"] + \
+            [f"{k}_pad{n}d" for k in ("reflection", "replication") for n in (1, 2, 3)]
+    for name in names:
+        for op in (getattr(aten, name).default, getattr(aten, name + "_backward").default):
+            assert registry.lookup(op) is not None, op
+    for op in (aten.pixel_shuffle.default, aten.pixel_unshuffle.default,
+               aten.channel_shuffle.default):
+        assert registry.lookup(op) is not None, op
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+@pytest.mark.parametrize("kw", [
+    {"scale_factor": 2},
+    {"scale_factor": 3},
+    {"size": (5, 7)},
+    {"size": (3, 2)},          # downsampling
+    {"scale_factor": (1.7, 0.6)},
+    {"scale_factor": 1.3, "recompute_scale_factor": True},
+])
+def test_upsample_nearest2d(mode, kw):
+    check(lambda x: F.interpolate(x, mode=mode, **kw), torch.randn(2, 3, 4, 5))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+def test_upsample_nearest_1d_and_3d(mode):
+    check(lambda x: F.interpolate(x, scale_factor=2.5, mode=mode), torch.randn(2, 3, 5))
+    check(lambda x: F.interpolate(x, size=(3, 5, 2), mode=mode), torch.randn(1, 2, 2, 3, 4))
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("kw", [
+    {"scale_factor": 2},
+    {"size": (7, 3)},
+    {"scale_factor": (1.5, 0.5)},
+    {"size": (1, 1)},
+])
+def test_upsample_bilinear2d_and_bicubic2d(align_corners, kw):
+    x = torch.randn(2, 3, 4, 5)
+    check(lambda x: F.interpolate(x, mode="bilinear", align_corners=align_corners, **kw), x)
+    check(lambda x: F.interpolate(x, mode="bicubic", align_corners=align_corners, **kw), x)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_upsample_linear1d_and_trilinear3d(align_corners):
+    check(lambda x: F.interpolate(x, scale_factor=2.5, mode="linear", align_corners=align_corners),
+          torch.randn(2, 3, 5))
+    check(lambda x: F.interpolate(x, size=(3, 5, 2), mode="trilinear",
+                                  align_corners=align_corners), torch.randn(1, 2, 2, 3, 4))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("pad,shape", [
+    ((1, 2), (2, 3, 5)),
+    ((2, 1), (3, 5)),
+    ((1, 2, 2, 0), (2, 3, 4, 5)),
+    ((0, -1, 1, -2), (2, 3, 4, 5)),      # negative padding crops
+    ((1, 1, 2, 0, 1, 2), (1, 2, 3, 4, 5)),
+])
+def test_reflection_and_replication_pad(mode, pad, shape):
+    check(lambda x: F.pad(x, pad, mode=mode), torch.randn(shape))
+
+
+def test_pixel_shuffle_unshuffle_and_channel_shuffle():
+    check(lambda x: F.pixel_shuffle(x, 2), torch.randn(2, 8, 3, 4))
+    check(lambda x: F.pixel_shuffle(x, 3), torch.randn(9, 2, 3))
+    check(lambda x: F.pixel_unshuffle(x, 2), torch.randn(2, 3, 4, 6))
+    check(lambda x: F.channel_shuffle(x, 3), torch.randn(2, 6, 2, 3))

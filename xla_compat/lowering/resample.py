@@ -1,0 +1,227 @@
+"""Resampling: nearest/linear/cubic upsampling, reflection and replication padding, pixel and
+channel shuffles.
+
+Source indices and interpolation weights depend only on sizes and scales, so they are computed
+once in numpy, in the precision PyTorch's CPU kernel uses (float32 for float and half inputs),
+and become constants of the graph. Backward ops are the vjp of the forward gathers.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._helpers import acc_dtype
+from .registry import aten, lowering
+
+
+def _opmath(dtype):
+    return np.float64 if dtype == jnp.float64 else np.float32
+
+
+def _scale(n_in, n_out, scale, t):
+    """compute_scales_value: 1/scale when the caller gave one, else in/out."""
+    if scale is not None and scale > 0:
+        return t(1.0 / scale)
+    return t(n_in) / t(n_out)
+
+
+def _take(x, idx, axis):
+    return jnp.take(x, jnp.asarray(idx), axis=axis)
+
+
+def _scales(positional, named) -> tuple:
+    """The optional per-dim scales, however the caller passed them (positionally or by name)."""
+    if positional:
+        return positional
+    return tuple(named.get(k) for k in ("scales", "scales_d", "scales_h", "scales_w") if k in named)
+
+
+def _along(w, axis, ndim):
+    shape = [1] * ndim
+    shape[axis] = -1
+    return w.reshape(shape)
+
+
+# -- nearest ----------------------------------------------------------------------------------------
+
+def _nearest_index(n_in, n_out, scale, exact):
+    dst = np.arange(n_out)
+    if not exact:
+        if n_out == n_in:
+            return dst
+        if n_out == 2 * n_in:
+            return dst >> 1
+    s = _scale(n_in, n_out, scale, np.float32)
+    src = (dst + 0.5) * np.float64(s) if exact else dst.astype(np.float32) * s
+    return np.minimum(np.floor(src.astype(np.float32)).astype(np.int64), n_in - 1)
+
+
+def _nearest(x, output_size, scales, exact):
+    n = len(output_size)
+    scales = list(scales) + [None] * (n - len(scales))
+    for d, (n_out, s) in enumerate(zip(output_size, scales)):
+        ax = x.ndim - n + d
+        x = _take(x, _nearest_index(x.shape[ax], n_out, s, exact), ax)
+    return x
+
+
+def _nearest_rules(op, op_bw, exact):
+    @lowering(op, static=True)
+    def forward(x, output_size, *scales, **named):
+        return _nearest(x, output_size, _scales(scales, named), exact)
+
+    @lowering(op_bw, static=True)
+    def backward(grad, output_size, input_size, *scales, **named):
+        scales = _scales(scales, named)
+        zeros = jnp.zeros(tuple(input_size), grad.dtype)
+        return jax.vjp(lambda v: _nearest(v, output_size, scales, exact), zeros)[1](grad)[0]
+
+    forward.__name__ = op.name().split("::")[1]
+    backward.__name__ = op_bw.name().split("::")[1]
+
+
+for _n in (1, 2, 3):
+    _nearest_rules(getattr(aten, f"upsample_nearest{_n}d").default,
+                   getattr(aten, f"upsample_nearest{_n}d_backward").default, exact=False)
+    _nearest_rules(getattr(aten, f"_upsample_nearest_exact{_n}d").default,
+                   getattr(aten, f"_upsample_nearest_exact{_n}d_backward").default, exact=True)
+
+
+# -- linear and cubic -------------------------------------------------------------------------------
+
+def _source(n_in, n_out, align_corners, scale, t, cubic):
+    """area_pixel_compute_source_index for every output position, in precision ``t``."""
+    dst = np.arange(n_out).astype(t)
+    if align_corners:
+        s = t(n_in - 1) / t(n_out - 1) if n_out > 1 else t(0)
+        return (s * dst).astype(t)
+    s = _scale(n_in, n_out, scale, t)
+    src = (s * (dst + t(0.5)) - t(0.5)).astype(t)
+    return src if cubic else np.maximum(src, t(0))
+
+
+def _linear_taps(n_in, n_out, align_corners, scale, t):
+    src = _source(n_in, n_out, align_corners, scale, t, cubic=False)
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    l1 = np.clip(src - i0.astype(t), 0, 1).astype(t)
+    i1 = i0 + (i0 < n_in - 1)
+    return [(i0, (t(1) - l1).astype(t)), (i1, l1)]
+
+
+def _cubic_taps(n_in, n_out, align_corners, scale, t, a=-0.75):
+    src = _source(n_in, n_out, align_corners, scale, t, cubic=True)
+    i = np.floor(src).astype(np.int64)
+    f = (src - i.astype(t)).astype(t)
+    a = t(a)
+
+    def cc1(v):
+        return ((a + 2) * v - (a + 3)) * v * v + 1
+
+    def cc2(v):
+        return ((a * v - 5 * a) * v + 8 * a) * v - 4 * a
+
+    ws = [cc2(f + 1), cc1(f), cc1(1 - f), cc2(2 - f)]
+    return [(np.clip(i - 1 + k, 0, n_in - 1), w.astype(t)) for k, w in enumerate(ws)]
+
+
+def _interpolate(x, output_size, align_corners, scales, taps):
+    n = len(output_size)
+    scales = list(scales) + [None] * (n - len(scales))
+    t = _opmath(x.dtype)
+    y = x.astype(acc_dtype(x.dtype))
+    for d, (n_out, s) in enumerate(zip(output_size, scales)):
+        ax = y.ndim - n + d
+        acc = None
+        for idx, w in taps(y.shape[ax], n_out, align_corners, s, t):
+            term = _take(y, idx, ax) * _along(jnp.asarray(w, y.dtype), ax, y.ndim)
+            acc = term if acc is None else acc + term
+        y = acc
+    return y.astype(x.dtype)
+
+
+def _interp_rules(op, op_bw, taps):
+    @lowering(op, static=True)
+    def forward(x, output_size, align_corners, *scales, **named):
+        return _interpolate(x, output_size, align_corners, _scales(scales, named), taps)
+
+    @lowering(op_bw, static=True)
+    def backward(grad, output_size, input_size, align_corners, *scales, **named):
+        scales = _scales(scales, named)
+        zeros = jnp.zeros(tuple(input_size), grad.dtype)
+        f = lambda v: _interpolate(v, output_size, align_corners, scales, taps)  # noqa: E731
+        return jax.vjp(f, zeros)[1](grad)[0]
+
+    forward.__name__ = op.name().split("::")[1]
+    backward.__name__ = op_bw.name().split("::")[1]
+
+
+_interp_rules(aten.upsample_linear1d.default, aten.upsample_linear1d_backward.default, _linear_taps)
+_interp_rules(aten.upsample_bilinear2d.default, aten.upsample_bilinear2d_backward.default,
+              _linear_taps)
+_interp_rules(aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backward.default,
+              _linear_taps)
+_interp_rules(aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default,
+              _cubic_taps)
+
+
+# -- padding ----------------------------------------------------------------------------------------
+
+def _pad(x, padding, mode):
+    """padding = (last-dim left, right, next-to-last left, right, ...); negative crops."""
+    n = len(padding) // 2
+    widths = [(0, 0)] * (x.ndim - n)
+    for d in reversed(range(n)):
+        widths.append((padding[2 * d], padding[2 * d + 1]))
+    y = jnp.pad(x, [(max(a, 0), max(b, 0)) for a, b in widths], mode=mode)
+    crop = tuple(slice(max(-a, 0), y.shape[i] - max(-b, 0)) for i, (a, b) in enumerate(widths))
+    return y[crop]
+
+
+def _pad_rules(kind, mode):
+    for n in (1, 2, 3):
+        fwd = getattr(aten, f"{kind}_pad{n}d").default
+        bwd = getattr(aten, f"{kind}_pad{n}d_backward").default
+
+        @lowering(fwd, static=True)
+        def forward(x, padding):
+            return _pad(x, padding, mode)
+
+        @lowering(bwd, static=True)
+        def backward(grad, x, padding):
+            return jax.vjp(lambda v: _pad(v, padding, mode), x)[1](grad.astype(x.dtype))[0]
+
+        forward.__name__, backward.__name__ = f"{kind}_pad{n}d", f"{kind}_pad{n}d_backward"
+
+
+_pad_rules("reflection", "reflect")
+_pad_rules("replication", "edge")
+
+
+# -- shuffles ---------------------------------------------------------------------------------------
+
+@lowering(aten.pixel_shuffle.default, static=True)
+def pixel_shuffle(x, r):
+    *lead, c, h, w = x.shape
+    y = x.reshape(*lead, c // (r * r), r, r, h, w)
+    k = len(lead)
+    y = jnp.transpose(y, tuple(range(k)) + (k, k + 3, k + 1, k + 4, k + 2))
+    return y.reshape(*lead, c // (r * r), h * r, w * r)
+
+
+@lowering(aten.pixel_unshuffle.default, static=True)
+def pixel_unshuffle(x, r):
+    *lead, c, h, w = x.shape
+    y = x.reshape(*lead, c, h // r, r, w // r, r)
+    k = len(lead)
+    y = jnp.transpose(y, tuple(range(k)) + (k, k + 2, k + 4, k + 1, k + 3))
+    return y.reshape(*lead, c * r * r, h // r, w // r)
+
+
+@lowering(aten.channel_shuffle.default, static=True)
+def channel_shuffle(x, groups):
+    n, c = x.shape[0], x.shape[1]
+    rest = x.shape[2:]
+    y = x.reshape((n, groups, c // groups) + rest)
+    return jnp.swapaxes(y, 1, 2).reshape(x.shape)
+
