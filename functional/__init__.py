@@ -7,6 +7,7 @@ ops plus ``*_scatter`` write-backs, so the lazy graph underneath has no aliasing
 from __future__ import annotations
 
 from xla_compat import paths as _paths
+from xla_compat.lazy.ir import skip_frames_in
 
 from . import boundary as _boundary
 from .inner import FunctionalInner
@@ -14,6 +15,9 @@ from .wrap import alias_id, before_sync, inner, owns, probe, to_path, wrap
 from .writes import FunctionalizationLimit
 
 VERSION = "1"
+
+# IR nodes record the user's line, not a line of this package (as legacy/ does).
+skip_frames_in(__path__[0])
 
 IMPL = _paths.PathImpl(
     name="functional", version=VERSION, torch_versions=">=2.13,<2.15",
