@@ -19,6 +19,8 @@ DEVICE = torch.device("hlo", 0)
 
 # Every live LazyTensor by id; a sync looks here for tensors with pending IR.
 _live: "weakref.WeakValueDictionary[int, LazyTensor]" = weakref.WeakValueDictionary()
+# torch function -> does it write into an argument (checked for path mixing)?
+_mutating: dict = {}
 # One lock serialises tracing bookkeeping and syncs across threads.
 lock = threading.RLock()
 
@@ -43,6 +45,20 @@ class LazyTensor(torch.Tensor):
 
     def __init__(self, *args, **kwargs):
         pass
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # What torch's default for __torch_dispatch__ subclasses does (no result conversion), plus
+        # one check: a mutation whose arguments include a tensor of another path.
+        mutating = _mutating.get(func)
+        if mutating is None:
+            from . import tracer
+            mutating = _mutating[func] = tracer.is_mutating_function(func, None)
+        if mutating or (kwargs and kwargs.get("out") is not None):
+            from . import tracer
+            tracer.check_mutation_paths(cls, func, args, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

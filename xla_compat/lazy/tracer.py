@@ -342,10 +342,44 @@ def check_paths(types, func) -> None:
     """Raise if ``types`` (from __torch_dispatch__) hold LazyTensors of more than one path."""
     names = sorted({t.path_name for t in types if issubclass(t, LazyTensor)})
     if len(names) > 1:
-        raise PathMixError(
-            f"xla_compat: {func} got tensors from the {names[0]} and the {names[1]} path in one op. "
-            f"Tensors remember the path they were created on; move one across with "
-            f"xc.to_path(tensor, {names[0]!r}) (or {names[1]!r}) before combining them.")
+        raise path_mix_error(func, names)
+
+
+def path_mix_error(func, names) -> PathMixError:
+    """The error for ``func`` getting tensors of the paths ``names`` (sorted, at least two)."""
+    op = func if isinstance(func, torch._ops.OpOverload) else \
+        getattr(func, "__qualname__", None) or getattr(func, "__name__", func)
+    return PathMixError(
+        f"xla_compat: {op} got tensors from the {names[0]} and the {names[1]} path in one op. "
+        f"Tensors remember the path they were created on; move one across with "
+        f"xc.to_path(tensor, {names[0]!r}) (or {names[1]!r}) before combining them.")
+
+
+_MUTATING_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                               "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__",
+                               "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"})
+
+
+def is_mutating_function(func, kwargs) -> bool:
+    """Does this torch-function-level call write into one of its arguments?"""
+    name = getattr(func, "__name__", "")
+    return ((name.endswith("_") and not name.endswith("__")) or name in _MUTATING_DUNDERS
+            or (kwargs is not None and kwargs.get("out") is not None))
+
+
+def check_mutation_paths(cls, func, args, kwargs) -> None:
+    """Raise PathMixError if a mutation of a ``cls`` tensor gets a device tensor of another path.
+
+    Checked at the torch-function level because a functional wrapper argument makes PyTorch's
+    Functionalize kernel fail with an internal assert before __torch_dispatch__ is reached."""
+    from .. import paths
+    mine = cls.path_name
+    for x in (*args, *(kwargs or {}).values()):
+        for t in (x if isinstance(x, (list, tuple)) else (x,)):
+            if isinstance(t, torch.Tensor) and type(t) is not cls and t.device.type == DEVICE.type:
+                other = paths.of(t)
+                if other is not None and other != mine:
+                    raise path_mix_error(func, sorted((mine, other)))
 
 
 def trace(cls, func, args, kwargs):
