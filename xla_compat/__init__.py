@@ -16,6 +16,8 @@ from . import metrics, paths as _paths
 from . import dispatch as _dispatch
 from .dispatch import PathUnavailableError, explain, path, to_path, use_path
 from .lazy import rng as _rng
+from . import dualrun as _dualrun
+from .dualrun import MismatchError, dual_run, dual_run_step, lockstep
 from .lazy.tensor import LazyTensor
 from .lazy.tracer import LoweringError, UnsupportedOpError
 
@@ -29,16 +31,26 @@ def device(index: int = 0):
     """The hlo device, ``torch.device("hlo:0")``. The first call decides the path (``explain()``)."""
     dev = _device.device(index)
     _dispatch.ensure_decided()
+    _dualrun.autostart()
     return dev
+
+
+# Objects with ``before(tensors) -> tensors`` and ``after(tensors)``: dual-run lockstep syncs
+# pair tensors as their twins and compares them after each sync.
+_sync_hooks: list = []
 
 
 def sync(tensors=None, wait: bool = False) -> None:
     """Cut the pending graph, compile it (cached) and run it: torch_xla's ``mark_step``."""
+    for hook in _sync_hooks:
+        tensors = hook.before(tensors)
     _paths.before_sync(tensors)
     inner = _paths.inner_tensors(tensors) if tensors is not None else None
     _executor.sync_tensors(inner, mark_step=tensors is None)
     if wait:
         _executor.wait_device_ops()
+    for hook in _sync_hooks:
+        hook.after(tensors)
 
 
 mark_step = sync
@@ -61,4 +73,5 @@ def wait_device_ops() -> None:
 
 __all__ = ["device", "sync", "mark_step", "hlo_text", "manual_seed", "metrics", "LazyTensor",
            "LoweringError", "UnsupportedOpError", "wait_device_ops", "path", "explain", "use_path",
-           "to_path", "PathUnavailableError"]
+           "to_path", "PathUnavailableError", "dual_run", "dual_run_step", "lockstep",
+           "MismatchError"]

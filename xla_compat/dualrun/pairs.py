@@ -1,0 +1,564 @@
+"""Lockstep dual run: every aten op runs on a legacy twin and a functional twin, side by side.
+
+Inside ``with xc.lockstep():`` (or everywhere under XLA_DUAL_RUN=lockstep) new device tensors
+are ``PairTensor``s. Autograd sees only the pair; each aten op reaching the pair runs on both
+twins, each under its own path. After every op the values the op produced or wrote (its outputs,
+mutated arguments and the tensors those view) are snapshotted as probe tensors, which the next
+sync materialises with everything else. After the sync the probes are compared in op order: the
+first op whose values differ is the first divergence, with its Python line and shapes. Then the
+IR nodes that op created on each path are each checked against PyTorch on the CPU (same inputs,
+same aten op) to name the lowering that is wrong, with the line that created it.
+
+Lockstep is a debugging mode: every op's values become graph outputs, and buffers a probe's
+graph reads are not donated until the probe has been compared.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from .. import _jax, device as _device, dispatch, executor, metrics, paths
+from ..lazy import ir
+from ..lazy.ir import DeviceData, ScalarParam, Value
+from ..lazy.tensor import DEVICE, LazyTensor, lock
+from ..lazy.tracer import fill
+from ..lowering.registry import Rule
+from .compare import IgnoreRules, Mismatch, compare_arrays, compare_values
+from .function import PATHS, DualRunResult, MismatchError, finish, shadow_of
+
+aten = torch.ops.aten
+_local = threading.local()          # depth > 0 while a twin runs an op (factories stay plain)
+
+
+def _inside() -> bool:
+    return getattr(_local, "depth", 0) > 0
+
+
+_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+
+
+@contextlib.contextmanager
+def _twin(path: str):
+    """Run an op on ``path``'s twin. Inside ``__torch_dispatch__`` PyTorch excludes the keys
+    above Python, Functionalize among them; the functional twin needs it back."""
+    _local.depth = getattr(_local, "depth", 0) + 1
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set() - _FUNCTIONALIZE
+    try:
+        with torch._C._ForceDispatchKeyGuard(include, exclude), paths.activated(path):
+            yield
+    finally:
+        _local.depth -= 1
+
+
+def _user_source() -> Optional[tuple]:
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(ir._SKIP) and not name.startswith("<"):
+            return (name, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return None
+
+
+def _where(source) -> Optional[str]:
+    return f"{source[0]}:{source[1]}" if source else None
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}"
+    return repr(x)
+
+
+# -- the pair tensor ---------------------------------------------------------------------------
+
+class PairTensor(torch.Tensor):
+    """A device tensor with a legacy twin and a functional twin; ops run on both."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, twins: dict, session: "Lockstep"):
+        a = twins[session.auth]
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, a.shape, strides=a.stride(), storage_offset=a.storage_offset(), dtype=a.dtype,
+            device=DEVICE, requires_grad=False)
+        t._twins = twins
+        t._session = session
+        t._view_of = None
+        return t
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        session = next(a._session for a in _flat((args, kwargs)) if isinstance(a, PairTensor))
+        return session.run_op(func, args, kwargs or {})
+
+    def twin(self, path: str):
+        """This tensor on ``path`` (None if that path failed earlier)."""
+        return self._twins.get(path)
+
+    def __repr__(self, *, tensor_contents=None):
+        a = self._twins[self._session.auth]
+        return f"PairTensor(auth={self._session.auth}, {a!r})"
+
+
+def _flat(x):
+    if isinstance(x, (list, tuple)):
+        for e in x:
+            yield from _flat(e)
+    elif isinstance(x, dict):
+        for e in x.values():
+            yield from _flat(e)
+    else:
+        yield x
+
+
+def _map(x, fn):
+    if isinstance(x, tuple):
+        return tuple(_map(e, fn) for e in x)
+    if isinstance(x, list):
+        return [_map(e, fn) for e in x]
+    if isinstance(x, dict):
+        return {k: _map(v, fn) for k, v in x.items()}
+    return fn(x)
+
+
+class _Missing(Exception):
+    """A shadow twin is missing (the shadow failed earlier): skip the shadow for this op."""
+
+
+def _value_of(t, path: str) -> Value:
+    """The IR value a twin holds now (applies pending alias updates on its path)."""
+    return paths.get(path).inner(t)._value
+
+
+# -- records -----------------------------------------------------------------------------------
+
+@dataclass
+class OpRecord:
+    """One op run on both paths: where it came from and the probes of the values it produced."""
+
+    index: int
+    op: str
+    source: Optional[tuple]
+    inputs: list
+    outputs: list
+    first_node: int
+    last_node: int
+    checks: list = field(default_factory=list)    # (label, torch dtype, {path: probe LazyTensor})
+    values: dict = field(default_factory=dict)    # path -> [Value] as snapshotted (pre-sync)
+    problem: Optional[Mismatch] = None            # raised/returned differently at trace time
+
+
+class Lockstep:
+    """One lockstep session: the pair factory, the op log since the last sync, the comparisons."""
+
+    def __init__(self, strict: bool = False, ignore: tuple[str, ...] = (), name: str = "lockstep"):
+        self.auth = dispatch.path()
+        self.shadow = shadow_of(self.auth)
+        self.strict = strict
+        self.ignore = IgnoreRules.parse(ignore) + IgnoreRules.from_settings()
+        self.name = name
+        self.records: list[OpRecord] = []
+        self.results: list[DualRunResult] = []
+        self.first_divergence: Optional[dict] = None
+        self.ops = 0
+        self.syncs = 0
+        self.wall_s = {p: 0.0 for p in PATHS}
+        self.nodes = {p: 0 for p in PATHS}
+
+    # -- factories -----------------------------------------------------------------------------
+    def pair_from_core(self, t: LazyTensor) -> PairTensor:
+        twins = {}
+        for p in (self.auth, self.shadow):
+            impl = paths.get(p)
+            twins[p] = impl.wrap(impl.tensor_cls(t._value, tuple(t.shape), t.dtype))
+        return PairTensor(twins, self)
+
+    def pair_from(self, t: torch.Tensor) -> PairTensor:
+        """A pair holding copies of device tensor ``t`` (of any path) on both paths."""
+        twins = {p: dispatch.to_path(t.detach(), p) for p in (self.auth, self.shadow)}
+        return PairTensor(twins, self)
+
+    # -- one op --------------------------------------------------------------------------------
+    def run_op(self, func, args, kwargs):
+        with lock:
+            return self._run_op(func, args, kwargs)
+
+    def _run_op(self, func, args, kwargs):
+        if func in (aten._copy_from.default, aten._copy_from_and_resize.default):
+            # Reached from a CPU tensor's copy_ into a pair: the twins take it as copy_.
+            func, args, kwargs = aten.copy_.default, (args[1], args[0]), {}
+        source = _user_source()
+        first = next(ir._ids)
+        outs, errors = {}, {}
+        for p in (self.auth, self.shadow):
+            try:
+                a, k = self._unwrap(args, p), self._unwrap(kwargs, p)
+            except _Missing:
+                continue
+            start, nodes0 = time.perf_counter(), metrics.counter("IrNodes")
+            try:
+                with _twin(p):
+                    outs[p] = func(*a, **k)
+            except Exception as e:  # compared below; the authoritative error is re-raised
+                errors[p] = e
+            self.wall_s[p] += time.perf_counter() - start
+            self.nodes[p] += metrics.counter("IrNodes") - nodes0
+        rec = OpRecord(self.ops, str(func), source, [_describe(x) for x in _flat((args, kwargs))
+                                                      if isinstance(x, torch.Tensor)],
+                       [], first, 0)
+        self.ops += 1
+        if self.auth in errors:
+            s_err = errors.get(self.shadow)
+            if s_err is None or type(s_err) is not type(errors[self.auth]):
+                rec.problem = Mismatch(f"op {rec.op}", "exception", f"the authoritative path "
+                                       f"raised {type(errors[self.auth]).__name__}, the shadow "
+                                       f"{'returned normally' if s_err is None else type(s_err).__name__}")
+                self._log(rec)
+            raise errors[self.auth]
+        if self.shadow in errors:
+            e = errors[self.shadow]
+            rec.problem = Mismatch(f"op {rec.op}", "exception",
+                                   f"the shadow path raised {type(e).__name__}: {str(e)[:500]}")
+        result = self._wrap(func, args, kwargs, outs, rec)
+        rec.last_node = next(ir._ids)
+        self._log(rec)
+        return result
+
+    def _log(self, rec: OpRecord) -> None:
+        if rec.last_node == 0:
+            rec.last_node = next(ir._ids)
+        self.records.append(rec)
+
+    def _unwrap(self, x, path):
+        def one(e):
+            if isinstance(e, PairTensor):
+                t = e._twins.get(path)
+                if t is None:
+                    raise _Missing()
+                return t
+            if isinstance(e, torch.Tensor) and e.device.type == DEVICE.type:
+                return dispatch.to_path(e, path)      # a device tensor made outside lockstep
+            return e
+        return _map(x, one)
+
+    def _wrap(self, func, args, kwargs, outs, rec: OpRecord):
+        auth_out = outs[self.auth]
+        shadow_out = outs.get(self.shadow)
+        in_pairs = [e for e in _flat((args, kwargs)) if isinstance(e, PairTensor)]
+        by_auth_twin = {id(p._twins[self.auth]): p for p in in_pairs}
+        schema = func._schema
+        is_view = any(r.alias_info is not None and not r.alias_info.is_write
+                      for r in schema.returns)
+        view_of = None
+        if is_view and in_pairs:
+            view_of = in_pairs[0]._view_of or in_pairs[0]
+        a_flat = list(_flat(auth_out)) if isinstance(auth_out, (list, tuple)) else [auth_out]
+        s_flat = ((list(_flat(shadow_out)) if isinstance(shadow_out, (list, tuple))
+                   else [shadow_out]) if self.shadow in outs else [None] * len(a_flat))
+        if len(s_flat) != len(a_flat):
+            rec.problem = Mismatch(f"op {rec.op}", "type", f"{len(a_flat)} outputs on the "
+                                   f"authoritative path, {len(s_flat)} on the shadow")
+            s_flat = [None] * len(a_flat)
+        mapped, checked = [], []
+        for i, (a, s) in enumerate(zip(a_flat, s_flat)):
+            if isinstance(a, torch.Tensor) and a.device.type == DEVICE.type:
+                pair = by_auth_twin.get(id(a))
+                if pair is None:
+                    twins = {self.auth: a}
+                    if isinstance(s, torch.Tensor):
+                        twins[self.shadow] = s
+                    pair = PairTensor(twins, self)
+                    if view_of is not None:
+                        pair._view_of = view_of
+                mapped.append(pair)
+                checked.append((f"output {i}", pair))
+            else:
+                if self.shadow in outs and rec.problem is None:
+                    found = compare_values(f"op {rec.op} output {i}", a, s)
+                    if found:
+                        rec.problem = found[0]
+                mapped.append(a)
+        # Values the op wrote: mutated arguments, and the tensors they are views of.
+        for j, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            v = args[j] if j < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+            for e in _flat(v):
+                if isinstance(e, PairTensor):
+                    checked.append((f"written {arg.name}", e))
+        for label, pair in list(checked):
+            if pair._view_of is not None:
+                checked.append((f"{label} (its base)", pair._view_of))
+        rec.outputs = [_describe(p) for _, p in checked]
+        self._probe(rec, checked)
+        if isinstance(auth_out, (list, tuple)):
+            it = iter(mapped)
+            return _map(auth_out, lambda e: next(it))
+        return mapped[0]
+
+    def _probe(self, rec: OpRecord, checked) -> None:
+        seen = set()
+        for label, pair in checked:
+            if id(pair) in seen or len(pair._twins) < 2:
+                continue
+            seen.add(id(pair))
+            probes = {}
+            for p, twin in pair._twins.items():
+                with _twin(p):
+                    v = _value_of(twin, p)
+                probes[p] = LazyTensor(v, v.aval.shape, twin.dtype)
+                rec.values.setdefault(p, []).append(v)
+            rec.checks.append((label, pair.dtype, probes))
+
+    # -- at a sync ---------------------------------------------------------------------------
+    def probes(self) -> list:
+        return [t for r in self.records for _, _, pr in r.checks for t in pr.values()]
+
+    def protected(self):
+        """Leaves under the pending op log (the CPU check re-evaluates nodes from them)."""
+        seen, stack = set(), [v.node for r in self.records for vs in r.values.values() for v in vs]
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if type(n) is DeviceData:
+                yield Value(n, 0)
+            stack.extend(v.node for v in n.inputs)
+
+    def check(self) -> Optional[DualRunResult]:
+        """Compare the op log since the last check (its probes must be materialised)."""
+        records, self.records = self.records, []
+        if not records:
+            return None
+        pending = [t for r in records for _, _, pr in r.checks for t in pr.values()
+                   if not t._value.node.is_leaf]
+        if pending:
+            executor.sync_tensors(pending)
+        self.syncs += 1
+        mismatches, ignored, first = [], [], None
+        for rec in records:
+            found = [rec.problem] if rec.problem else []
+            for label, dtype, pr in rec.checks:
+                a, s = (np.asarray(pr[p]._value.node.array) for p in (self.auth, self.shadow))
+                m = compare_arrays(f"op {rec.index} {rec.op} {label}", a, s, dtype)
+                if m is not None:
+                    found.append(m)
+            if not found:
+                continue
+            if self.ignore.ignores_op(rec.op):
+                ignored += found
+                continue
+            mismatches += found
+            if first is None:
+                first = self._divergence(rec, found[0])
+        if first is not None and self.first_divergence is None:
+            self.first_divergence = first
+        result = DualRunResult(
+            value=None, match=not mismatches, mismatches=tuple(mismatches[:50]),
+            ignored=tuple(ignored[:50]), authoritative=self.auth, shadow=self.shadow,
+            name=self.name, step=self.syncs - 1, mode="lockstep", wall_s=dict(self.wall_s),
+            graph_nodes=dict(self.nodes), first_divergence=first)
+        self.wall_s = {p: 0.0 for p in PATHS}
+        self.nodes = {p: 0 for p in PATHS}
+        self.results.append(result)
+        finish(result)
+        if self.strict and mismatches:
+            raise MismatchError(result)
+        return result
+
+    def _divergence(self, rec: OpRecord, m: Mismatch) -> dict:
+        culprits = []
+        for p in (self.auth, self.shadow):
+            culprits += oracle_check(p, rec.values.get(p, []), rec.first_node, rec.last_node)
+        nodes = {p: [n.op for n in _window_nodes(rec.values.get(p, []), rec.first_node,
+                                                 rec.last_node)] for p in PATHS}
+        return {"level": "op", "index": rec.index, "op": rec.op, "source": _where(rec.source),
+                "function": rec.source[2] if rec.source else None, "inputs": rec.inputs,
+                "outputs": rec.outputs, "mismatch": m.as_dict(), "nodes": nodes,
+                "culprit": culprits[0] if culprits else None, "culprits": culprits}
+
+
+# -- naming the lowering: each node of the divergent op against PyTorch on the CPU -----------
+
+def _window_nodes(values, first: int, last: int) -> list:
+    seen, stack, out = set(), [v.node for v in values], []
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if first < n.id < last and not n.is_leaf:
+            out.append(n)
+        stack.extend(v.node for v in n.inputs)
+    return sorted(out, key=lambda n: n.id)
+
+
+def _overload(name: str):
+    parts = name.split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        return None
+    packet = getattr(aten, parts[1], None)
+    return getattr(packet, parts[2], None) if packet is not None else None
+
+
+def _cpu_arg(x):
+    if isinstance(x, torch.device) and x.type == DEVICE.type:
+        return torch.device("cpu")
+    return x
+
+
+def oracle_check(path: str, values, first: int, last: int) -> list[dict]:
+    """Nodes created in (first, last) under ``values`` whose output differs from the aten op
+    run by PyTorch on the CPU on the same input values, in creation order."""
+    found = []
+    for node in _window_nodes(values, first, last):
+        op = _overload(node.op)
+        rule = node.rule
+        if op is None or not isinstance(rule, Rule) or rule.random or op._schema.is_mutable:
+            continue
+        outs = [Value(node, i) for i in range(len(node.avals))]
+        graph = executor.collect(list(node.inputs) + outs)
+        try:
+            arrays = executor.build_function(graph)(*executor._params(graph))
+        except Exception:  # cannot re-evaluate (a deleted buffer): no verdict on this node
+            continue
+        ins, got = arrays[:len(node.inputs)], arrays[len(node.inputs):]
+        cpu_ins = [v.node.value if type(v.node) is ScalarParam else _jax.to_torch(a)
+                   for v, a in zip(node.inputs, ins)]
+        args = _map(fill(node.args, cpu_ins), _cpu_arg)
+        kwargs = {k: _map(fill(v, cpu_ins), _cpu_arg) for k, v in node.kwargs}
+        try:
+            want = op(*args, **kwargs)
+        except Exception:  # PyTorch cannot run it on the CPU: no verdict
+            continue
+        want = [w for w in _flat(want) if isinstance(w, torch.Tensor)]
+        for i, (g, w) in enumerate(zip(got, want)):
+            w = w.detach()
+            m = compare_arrays(f"{node.op} output {i}", np.asarray(w.float().numpy()
+                                                                   if w.dtype == torch.bfloat16
+                                                                   else w.numpy()),
+                               np.asarray(g).astype(w.numpy().dtype if w.dtype != torch.bfloat16
+                                                    else np.float32), w.dtype)
+            if m is not None:
+                found.append({"path": path, "op": node.op, "rule": rule.name,
+                              "source": _where(node.source),
+                              "function": node.source[2] if node.source else None,
+                              "inputs": [f"{v.aval.dtype}{list(v.aval.shape)}"
+                                         for v in node.inputs if type(v.node) is not ScalarParam],
+                              "detail": m.detail})
+                break
+    return found
+
+
+# -- activation ------------------------------------------------------------------------------
+
+_active: Optional[Lockstep] = None
+_previous_factory = None
+
+
+def active() -> Optional[Lockstep]:
+    return _active
+
+
+def _factory():
+    if _active is not None and not _inside():
+        return LazyTensor, _active.pair_from_core
+    return _previous_factory()
+
+
+def _install_factory() -> None:
+    global _previous_factory
+    if _previous_factory is None:
+        _previous_factory = _device._factory_provider
+        _device.set_factory_provider(_factory)
+
+
+def _expand(tensors):
+    out = []
+    for t in tensors:
+        if isinstance(t, PairTensor):
+            out += [tw for tw in t._twins.values()]
+        else:
+            out.append(t)
+    return out
+
+
+class _SyncHook:
+    """Registered with ``xla_compat.sync``: pairs sync as their twins; compare after a sync."""
+
+    @staticmethod
+    def before(tensors):
+        if tensors is None:
+            return None
+        if _active is not None:
+            tensors = list(tensors) + _active.probes()
+        return _expand(tensors)
+
+    @staticmethod
+    def after(tensors):
+        if _active is not None and not _inside():
+            _active.check()
+
+
+_hook_installed = False
+
+
+def _install_hooks() -> None:
+    global _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
+    import xla_compat
+    xla_compat._sync_hooks.append(_SyncHook)
+    executor.register_value_holder(
+        lambda: list(_active.protected()) if _active is not None else [])
+
+
+def start(strict: bool = False, ignore: tuple[str, ...] = (), name: str = "lockstep") -> Lockstep:
+    """Turn lockstep on for the process (XLA_DUAL_RUN=lockstep does this at first device use)."""
+    global _active
+    if _active is not None:
+        raise RuntimeError("xla_compat: lockstep is already on; nest no second `xc.lockstep()`")
+    _install_factory()
+    _install_hooks()
+    _active = Lockstep(strict=strict, ignore=ignore, name=name)
+    return _active
+
+
+def stop() -> Optional[Lockstep]:
+    """Turn lockstep off (pairs made so far keep running both paths); returns the session."""
+    global _active
+    session, _active = _active, None
+    return session
+
+
+@contextlib.contextmanager
+def lockstep(strict: bool = False, ignore: tuple[str, ...] = ()):
+    """New device tensors in the block run every op on both paths; syncs compare them.
+
+    Yields the session: ``.first_divergence`` (the first op whose values differed, with its
+    line, shapes and the lowering PyTorch on the CPU disagrees with), ``.results`` (one
+    DualRunResult per sync). Leaving the block syncs and compares what is still pending.
+    """
+    session = start(strict=strict, ignore=ignore)
+    try:
+        yield session
+        if session.records:
+            import xla_compat
+            xla_compat.sync()
+    finally:
+        stop()
