@@ -75,7 +75,9 @@ def test_transfers_item_tolist_numpy(path, dev):
     x = c.to(dev)
     assert x.sum().item() == 15.0
     assert x.tolist() == c.tolist()
-    assert (x.numpy() == c.numpy()).all()
+    assert (x.cpu().numpy() == c.numpy()).all()
+    with pytest.raises(TypeError, match=r"Use Tensor.cpu\(\)"):
+        x.numpy()  # as for every non-CPU device, on both paths
     assert x.to("cpu").device.type == "cpu"
     assert_same(x.to(torch.float64), c.to(torch.float64))
     assert_same(x.to(dev, torch.int32), c.to(torch.int32), rtol=0, atol=0)
@@ -118,3 +120,13 @@ def test_cpu_scalar_tensor_mixes_with_device_tensor(path, dev):
 def test_mixing_cpu_and_device_tensors_is_a_clear_error(path, dev):
     with pytest.raises(RuntimeError, match="same device|device"):
         torch.ones(3, device=dev) + torch.ones(3)
+
+
+def test_device_copy_does_not_share_memory_with_the_cpu_tensor(path, dev):
+    cpu = torch.arange(6.0)
+    d = cpu.to(dev)
+    cpu.add_(1)
+    assert_same(d, torch.arange(6.0))
+    back = d.cpu()
+    back.mul_(0)
+    assert_same(d, torch.arange(6.0))

@@ -93,10 +93,10 @@ class LazyTensor(torch.Tensor):
         return self.detach().cpu().tolist()
 
     def numpy(self, *, force=False):
-        if self.requires_grad and not force:
-            raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
-                               "Use tensor.detach().numpy() instead.")
-        return self.detach().cpu().numpy()
+        # As for any non-CPU tensor (and on the functional path, whose wrappers are plain
+        # tensors): data leaves the device through .cpu().
+        raise TypeError(f"can't convert {DEVICE} device type tensor to numpy. Use Tensor.cpu() "
+                        f"to copy the tensor to host memory first.")
 
     def __array__(self, dtype=None, copy=None):
         a = self.detach().cpu().numpy()
