@@ -213,3 +213,16 @@ def test_sync_donates_overwritten_buffers(path, dev):
         w.mul_(0.5)
         xc.sync()
     assert metrics.counter("InputOutputAliasCount") >= 3
+
+
+def test_metrics_file_is_written_at_exit(tmp_path):
+    import subprocess
+    import sys
+    out = tmp_path / "metrics.txt"
+    code = ("import torch, xla_compat as xc\n"
+            "x = torch.ones(3, device=xc.device()) * 2\n"
+            "xc.sync()\n")
+    env = {**__import__("os").environ, "XLA_METRICS_FILE": str(out)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    text = out.read_text()
+    assert "Metric: CompileTime" in text and "Counter: MarkStep" in text

@@ -5,6 +5,7 @@ Metrics are samples (``CompileTime``, ``ExecuteTime`` in nanoseconds): count, to
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import threading
@@ -150,3 +151,23 @@ def short_report() -> str:
     parts = [f"{k}={c.get(k, 0)}" for k in keys]
     parts += [f"{k}={v}" for k, v in sorted(c.items()) if k.startswith("aten::")]
     return " ".join(parts)
+
+
+def write_report(path: str) -> None:
+    """Write ``report()`` to ``path`` (XLA_METRICS_FILE does this at exit)."""
+    with open(path, "w") as f:
+        f.write(report())
+
+
+def _write_at_exit() -> None:
+    from . import settings
+    path = settings.get().metrics_file
+    if path:
+        try:
+            write_report(path)
+        except OSError as e:  # never turn a finished job into a failed one
+            import sys
+            print(f"xla_compat: could not write XLA_METRICS_FILE={path}: {e}", file=sys.stderr)
+
+
+atexit.register(_write_at_exit)
