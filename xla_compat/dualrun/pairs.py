@@ -264,7 +264,8 @@ class Lockstep:
                       for r in schema.returns)
         view_of = None
         if is_view and in_pairs:
-            view_of = in_pairs[0]._view_of or in_pairs[0]
+            base = in_pairs[0]._view_of
+            view_of = base if base is not None else in_pairs[0]
         a_flat = list(_flat(auth_out)) if isinstance(auth_out, (list, tuple)) else [auth_out]
         s_flat = ((list(_flat(shadow_out)) if isinstance(shadow_out, (list, tuple))
                    else [shadow_out]) if self.shadow in outs else [None] * len(a_flat))
