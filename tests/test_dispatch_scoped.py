@@ -43,7 +43,7 @@ def fake_path():
 def fresh_decision():
     """Forget the process decision for one test and put the original back afterwards."""
     saved_decision, saved_default = dispatch._decision, paths._default
-    dispatch._reset_for_tests()
+    dispatch.forget_decision()
     yield
     dispatch._decision = saved_decision
     paths.set_default(saved_default)

@@ -135,7 +135,7 @@ def run(args) -> int:
         os.environ["XLA_USE_FUNCTIONALIZATION"] = "1" if flag else "0"
     settings.reload()
     if dispatch._decision is not None:        # nothing should have touched the device yet
-        dispatch._reset_for_tests()
+        dispatch.forget_decision()
     runpy.run_path(args.script, run_name="__main__")
     return 0
 

@@ -303,8 +303,9 @@ def to_path(t: torch.Tensor, name: str) -> torch.Tensor:
         return host.to(DEVICE).requires_grad_(t.requires_grad)
 
 
-def _reset_for_tests() -> None:
-    """Forget the process decision (tests of the decision machinery only)."""
+def forget_decision() -> None:
+    """Forget the process decision: the next device use decides again (tests, and the CLI
+    before it forces a path)."""
     global _decision
     with _lock:
         _decision = None
