@@ -95,3 +95,20 @@ def test_lockstep_ignore_rule_counts_known_differences_separately(dev):
         xc.sync()
     r = ls.results[0]
     assert r.ignored and all("aten.add_" in m.name for m in r.ignored)
+
+
+def test_xla_dual_run_lockstep_turns_lockstep_on_at_first_device_use():
+    from xla_compat import settings
+    from xla_compat.dualrun import pairs
+    with settings.override(dual_run="lockstep"):
+        dev = xc.device()                       # first device use in this mode starts lockstep
+    try:
+        session = pairs.active()
+        assert session is not None
+        t = torch.ones(3, device=dev) + 1
+        assert isinstance(t, PairTensor) and set(t._twins) == {"legacy", "functional"}
+        xc.sync()
+        assert session.results[-1].match
+    finally:
+        pairs.stop()
+    assert not isinstance(torch.ones(3, device=dev), PairTensor)
