@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of xla_compat (issue 8); run with ``make bench``."""

@@ -1,0 +1,85 @@
+"""Side-by-side benchmarks (issue 8): W1-W4 on torch eager CPU, hlo legacy, hlo functional and a
+hand-written JAX twin, in one process, with compile, graph, HLO, donation and memory counts.
+
+    python benchmarks/run.py --out benchmarks/RESULTS.md     # what `make bench` runs
+    python benchmarks/run.py --quick                         # smaller sizes, fewer iterations
+    python benchmarks/run.py --profile W1                    # cProfile of tracing W1 steps
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+# torch's OpenMP threads spin at barriers by default; on a shared, loaded 2-core machine that
+# made eager steps of 0.25 ms take 70 ms. Passive waiting (read when torch loads) avoids it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from benchmarks import report as rep, workloads  # noqa: E402
+from benchmarks.measure import VARIANTS, profile, run_workload  # noqa: E402
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="write the Markdown report here")
+    p.add_argument("--quick", action="store_true", help="smaller sizes, 2 warm-up + 5 timed")
+    p.add_argument("--only", help="comma-separated workloads, e.g. W1,W4")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of "
+                   + ", ".join(VARIANTS) + " (torch eager always runs: it is the reference)")
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--iters", type=int)
+    p.add_argument("--profile", metavar="W", help="only print the cProfile of one step of W")
+    p.add_argument("--profile-path", default="legacy,functional")
+    p.add_argument("--note", default="", help="a line for the report (e.g. the machine's load)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when a variant fails or differs from torch eager")
+    p.add_argument("--profile-iters", type=int, default=10,
+                   help="steps under the profiler (per-op cost = percall of the hot entries)")
+    args = p.parse_args(argv)
+    args.argv = argv
+    args.warmup = args.warmup if args.warmup is not None else (2 if args.quick else 5)
+    args.iters = args.iters if args.iters is not None else (5 if args.quick else 30)
+    sizes = workloads.QUICK if args.quick else workloads.FULL
+    by_name = {w.name: w for w in sizes}
+
+    def profiles(name):
+        return "\n".join(profile(by_name[name], path, iters=args.profile_iters)
+                         for path in args.profile_path.split(","))
+
+    if args.profile:
+        print(profiles(args.profile.upper()))
+        return 0
+
+    chosen = [by_name[n.strip().upper()] for n in args.only.split(",")] if args.only else sizes
+    variants = [v.strip() for v in args.variants.split(",")]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    machine_start = rep.machine()
+    print(f"load average {machine_start['load']}; {args.warmup} warm-up + {args.iters} timed")
+    results = []
+    for w in chosen:
+        print(f"{w.name}: {w.describe()}")
+        results += run_workload(w, variants, args.warmup, args.iters)
+    prof = profiles("W1")
+    machine_end = rep.machine()
+    print()
+    print(rep.summary_table(results, chosen))
+    if args.out:
+        out = Path(args.out)
+        previous = out.read_text() if out.exists() else ""
+        out.write_text(rep.report(results, chosen, args, machine_start, machine_end, prof, previous))
+        print(f"wrote {out}")
+    bad = [m for m in results if not m.ok]
+    for m in bad:
+        print(f"NOT OK: {m.workload} {m.variant}: {m.error or m.check}")
+    return 1 if bad and args.strict else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
