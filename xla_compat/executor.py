@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import jax
 
-from . import metrics, settings
+from . import metrics, settings, sharding
 from .lazy import ir, rng
 from .lazy.ir import DeviceData, Node, Poisoned, ScalarParam, Value
 from .lazy.tensor import LazyTensor, live_tensors, lock
@@ -53,6 +53,7 @@ class Graph:
     slot: dict            # id(node) -> position (leaves: parameter index; nodes: env index)
     donate: tuple         # parameter indices donated
     key: tuple
+    mesh: object = None   # SPMD: the jax Mesh the graph is partitioned over (None: one device)
 
 
 def collect(roots: list[Value], donatable=frozenset()) -> Graph:
@@ -84,6 +85,7 @@ def collect(roots: list[Value], donatable=frozenset()) -> Graph:
             nodes.append(node)
     leaf_key = []
     donate = []
+    spread = []           # SPMD: leaves laid out over several devices, constraint nodes
     # Donate a buffer only where an output of the same shape and dtype can reuse it.
     free = collections.Counter(v.aval for v in roots)
     for i, leaf in enumerate(leaves):
@@ -92,13 +94,38 @@ def collect(roots: list[Value], donatable=frozenset()) -> Graph:
             free[leaf.avals[0]] -= 1
             donate.append(i)
         leaf_key.append((leaf.signature(), d))
+        if type(leaf) is DeviceData and leaf.placement is not None:
+            spread.append(leaf.placement)
     for node in nodes:
+        if node.op == sharding.CONSTRAINT_OP:
+            spread.append(node.rule.spec.named())
         ins = tuple(
             ("p" if v.node.is_leaf else "n", slot[id(v.node)], v.index) for v in node.inputs)
         entries.append((node.op, node.rule, node.args, node.kwargs, node.avals, ins))
     root_key = tuple(("p" if v.node.is_leaf else "n", slot[id(v.node)], v.index) for v in roots)
     key = (tuple(leaf_key), tuple(entries), root_key)
-    return Graph(nodes, leaves, list(roots), slot, tuple(donate), key)
+    mesh = _mesh_of(spread) if spread else None
+    return Graph(nodes, leaves, list(roots), slot, tuple(donate), key, mesh)
+
+
+def _mesh_of(shardings) -> jax.sharding.Mesh:
+    """The mesh an SPMD graph runs on: the first named sharding's (all must share devices)."""
+    for s in shardings:
+        if isinstance(s, jax.sharding.NamedSharding):
+            mesh = s.mesh
+            break
+    else:
+        import numpy as np
+        devices = sorted(shardings[0].device_set, key=lambda d: d.id)
+        mesh = jax.sharding.Mesh(np.array(devices, dtype=object), ("devices",))
+    want = set(mesh.devices.flat)
+    for s in shardings:
+        if set(s.device_set) != want:
+            raise RuntimeError(
+                f"xla_compat: one graph mixes tensors sharded over different device sets "
+                f"({sorted(d.id for d in want)} and {sorted(d.id for d in s.device_set)}); "
+                f"mark_sharding every tensor of a step with meshes over the same devices")
+    return mesh
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,13 +250,38 @@ cache = CompileCache()
 
 
 def _params(graph: Graph) -> list:
+    if graph.mesh is not None:
+        _place_on_mesh(graph)
     return [leaf.array if type(leaf) is DeviceData else leaf.value for leaf in graph.leaves]
+
+
+def _place_on_mesh(graph: Graph) -> None:
+    """SPMD: device data still on one device is replicated over the graph's mesh, once (the leaf
+    keeps the replicated array, so later graphs find it there)."""
+    rep = jax.sharding.NamedSharding(graph.mesh, jax.sharding.PartitionSpec())
+    for leaf in graph.leaves:
+        if type(leaf) is DeviceData and leaf.placement is None:
+            leaf.set_array(jax.device_put(leaf.array, rep))
+
+
+def _jit(graph: Graph, fn):
+    """jax.jit of the graph's function; SPMD graphs state their input and output layouts: inputs
+    as the buffers lie, marked roots as marked, other outputs as XLA's propagation picks."""
+    if graph.mesh is None:
+        return jax.jit(fn, donate_argnums=graph.donate)
+    rep = jax.sharding.NamedSharding(graph.mesh, jax.sharding.PartitionSpec())
+    ins = tuple(leaf.array.sharding if type(leaf) is DeviceData else rep for leaf in graph.leaves)
+    outs = []
+    for v in graph.roots:
+        spec = sharding.spec_of_value(v)
+        outs.append(spec.named() if spec is not None else None)
+    return jax.jit(fn, donate_argnums=graph.donate, in_shardings=ins, out_shardings=outs)
 
 
 def compile_graph(graph: Graph, params: list):
     fn = build_function(graph)
     start = time.perf_counter_ns()
-    jitted = jax.jit(fn, donate_argnums=graph.donate)
+    jitted = _jit(graph, fn)
     lowered = jitted.lower(*params)
     compiled = lowered.compile()
     metrics.sample("CompileTime", time.perf_counter_ns() - start)
@@ -282,6 +334,7 @@ def _held_leaf_ids(exclude: set) -> set:
 def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
     """Materialise ``tensors`` (all live tensors with pending IR when None)."""
     with lock:
+        sharding.apply_all()     # marked tensors' current values take their layout
         full = tensors is None
         if full:
             tensors = live_tensors()
@@ -356,6 +409,7 @@ def _leaf_candidates(roots):
 
 
 def _execute(roots: list[Value], donatable: set) -> list:
+    global _last_compiled
     graph = collect(roots, donatable)
     params = _params(graph)
     metrics.sample("IrGraphSize", len(graph.nodes), unit=" nodes")
@@ -366,6 +420,7 @@ def _execute(roots: list[Value], donatable: set) -> list:
         cache.put(graph.key, compiled)
     else:
         metrics.inc("CachedCompile")
+    _last_compiled = compiled
     _before_execute(graph)
     start = time.perf_counter_ns()
     outputs = compiled(*params)
@@ -406,7 +461,16 @@ def hlo_text(tensors) -> str:
     with lock:
         roots = [t._value for t in tensors]
         graph = collect(roots)
-        return jax.jit(build_function(graph)).lower(*_params(graph)).as_text()
+        return _jit(graph, build_function(graph)).lower(*_params(graph)).as_text()
+
+
+_last_compiled = None
+
+
+def compiled_text() -> str:
+    """The optimised HLO of the executable the last sync ran (after XLA's passes, so SPMD
+    collectives such as all-reduce are visible); '' before any sync."""
+    return _last_compiled.as_text() if _last_compiled is not None else ""
 
 
 def wait_device_ops() -> None:

@@ -76,14 +76,26 @@ class Node:
 class DeviceData(Node):
     """A materialised device buffer: a jax array, passed to graphs as a parameter."""
 
-    __slots__ = ("array",)
+    __slots__ = ("array", "placement")
 
     def __init__(self, array):
         super().__init__("device_data", None, (), (), (), (Aval(tuple(array.shape), array.dtype),))
+        self.set_array(array)
+
+    def set_array(self, array) -> None:
+        """Hold ``array`` (the same values, perhaps laid out on other devices)."""
         self.array = array
+        self.placement = placement(array)
 
     def signature(self) -> tuple:
-        return ("device_data", self.avals)
+        # A buffer spread over a device mesh compiles differently: its sharding is in the key.
+        return ("device_data", self.avals, self.placement)
+
+
+def placement(array):
+    """None for an array on one device; its (hashable) sharding when spread over several."""
+    s = getattr(array, "sharding", None)
+    return s if s is not None and s.num_devices > 1 else None
 
 
 class ScalarParam(Node):

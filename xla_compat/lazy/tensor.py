@@ -29,6 +29,7 @@ class LazyTensor(torch.Tensor):
     """A device tensor whose value is an IR ``Value``; nothing runs until a sync."""
 
     path_name = "core"
+    _sharding = None      # a sharding.ShardingSpec once xc.mark_sharding laid the tensor out
 
     @staticmethod
     def __new__(cls, value: Value, shape, dtype, strides=None, storage_offset=None,

@@ -489,6 +489,9 @@ def rebind(tensor: LazyTensor, value: Value) -> None:
         resize(tensor, shape)
     if value.aval.dtype != want:
         value = convert(value, want, shape)
+    if tensor._sharding is not None:     # SPMD: an in-place op keeps the tensor's layout
+        from .. import sharding
+        value = sharding.constrain(value, tensor._sharding)
     tensor._value = value
 
 
