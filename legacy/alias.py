@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import weakref
 
-from xla_compat import metrics
+from xla_compat import metrics, sharding
 from xla_compat.lazy.ir import Aval, Node, Slot, Value
 
 from . import views
@@ -25,13 +25,14 @@ _aliases: "weakref.WeakValueDictionary[int, Alias]" = weakref.WeakValueDictionar
 class Alias:
     """One storage: the base value, writes pending on it, and a generation counter."""
 
-    __slots__ = ("base", "pending", "gen", "root", "__weakref__")
+    __slots__ = ("base", "pending", "gen", "root", "sharding", "__weakref__")
 
     def __init__(self, base: Value, root: Layout):
         self.base = base
         self.pending: list = []
         self.gen = 0
         self.root = root          # the root tensor's layout over the storage (for as_strided)
+        self.sharding = None      # SPMD: the storage's layout over a mesh (xc.mark_sharding)
         _aliases[next(_serial)] = self
 
     def flush(self) -> Value:
@@ -40,6 +41,12 @@ class Alias:
         for chain, value in self.pending:
             base = _node("legacy.write", views.WriteChain(chain), (base, value), base.aval)
         self.pending.clear()
+        # SPMD: the storage keeps its layout through writes of its views and host copies into
+        # it; members holding the value before the layout was applied re-derive (gen bump).
+        laid_out = sharding.constrain(base, self.sharding)
+        if laid_out is not base:
+            base = laid_out
+            self.gen += 1
         self.base = base
         return base
 

@@ -88,6 +88,20 @@ class LegacyTensor(LazyTensor):
         self._v = other._v
         self._last_data = getattr(other, "_last_data", None)
 
+    # -- SPMD: the layout belongs to the storage (the alias), set through its root ----------------
+    @property
+    def _sharding(self):
+        a = self._alias
+        return a.sharding if a is not None and not self._chain else None
+
+    @_sharding.setter
+    def _sharding(self, spec) -> None:
+        if self._chain:
+            raise ValueError(
+                "xla_compat: mark_sharding on a view lays out its storage; mark the base tensor "
+                "the view was taken from instead")
+        self._alias.sharding = spec
+
     # -- .data shares storage, as in eager -------------------------------------------------------
     @property
     def data(self):
