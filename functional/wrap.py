@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from xla_compat import sharding
 from xla_compat.lazy.tensor import DEVICE, LazyTensor
 
 from .inner import FunctionalInner, tracing
@@ -81,6 +82,9 @@ def propagate_alias_id(w: torch.Tensor, inner_t: LazyTensor) -> int:
             _alias_of_wrapper[key] = aid
     elif getattr(inner_t, "_alias_id", None) != aid:
         inner_t._alias_id = aid
+    # SPMD: the lineage's sharding spec follows the alias id (as torch_xla's
+    # _propagate_xla_data carries it), so in-place ops and optimizer steps keep the layout.
+    sharding.carry(inner_t, aid)
     return aid
 
 
