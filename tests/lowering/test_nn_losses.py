@@ -81,6 +81,8 @@ def test_multilabel_margin_loss(reduction):
     # One unbatched sample; flattened because torch 2.13's meta kernel gives reduction="none" a
     # shape of [1] where eager gives [] (the hlo tensor follows the meta kernel).
     check(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction).reshape(-1), x[0], t[0])
+    check(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction).reshape(-1), x[0, 0],
+          torch.tensor(0))
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -91,6 +93,10 @@ def test_multi_margin_loss(reduction, p):
     check(lambda x, t, w: F.multi_margin_loss(x, t, p=p, weight=w, reduction=reduction), x, t,
           torch.rand(5), frozen=(2,))
     check(lambda x, t: F.multi_margin_loss(x, t, p=p, reduction=reduction), x[1], t[1:2])
+    # A 0-d input: flattened, as torch 2.13's meta kernel gives reduction="none" the shape [1]
+    # where eager gives [] (the hlo tensor follows the meta kernel).
+    check(lambda x, t: F.multi_margin_loss(x, t, p=p, reduction=reduction).reshape(-1), x[1, 2],
+          torch.tensor(0))
 
 
 def test_cross_entropy_with_label_smoothing_and_probabilities():

@@ -84,6 +84,11 @@ def test_group_norm(shape, groups):
           torch.randn(shape) * 2 + 1, torch.randn(c), torch.randn(c))
 
 
+def test_group_norm_of_an_empty_batch():
+    check(lambda x, w, b: F.group_norm(x, 1, w, b), torch.randn(0, 2), torch.randn(2),
+          torch.randn(2))
+
+
 def test_group_norm_without_affine():
     check(lambda x: F.group_norm(x, 2), torch.randn(2, 4, 3, 3))
 

@@ -122,7 +122,7 @@ for _name in ("multi_margin_loss_backward", "multilabel_margin_loss_backward"):
 def _multilabel_margin(x, target, reduction):
     """(loss, is_target) of multilabel_margin_loss; labels end at the first -1 in a row."""
     batched = x.ndim == 2
-    xb, tb = (x, target) if batched else (x[None], target[None])
+    xb, tb = (x, target) if batched else (x.reshape(1, -1), target.reshape(1, -1))
     n, c = xb.shape
     valid = jnp.cumprod(tb != -1, axis=1).astype(bool)
     safe = jnp.where(valid, tb, 0)
@@ -134,7 +134,7 @@ def _multilabel_margin(x, target, reduction):
     loss = jnp.sum(hinge, axis=(1, 2)) / c
     is_target = is_target.astype(x.dtype)
     if not batched:
-        return _reduce(loss[0], reduction), is_target[0]
+        return _reduce(loss[0], reduction), is_target.reshape(x.shape)
     return _reduce(loss, reduction), is_target
 
 
@@ -154,7 +154,7 @@ def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
 
 def _multi_margin(x, target, p, margin, weight, reduction):
     batched = x.ndim == 2
-    xb = x if batched else x[None]
+    xb = x if batched else x.reshape(1, -1)
     tb = target.reshape(-1)
     n, c = xb.shape
     xy = jnp.take_along_axis(xb, tb[:, None], axis=1)
@@ -169,12 +169,12 @@ def _multi_margin(x, target, p, margin, weight, reduction):
                    reduction)
 
 
-@lowering(aten.multi_margin_loss.default, static=True)
-def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=MEAN):
-    return _multi_margin(x, target, p, margin, weight, reduction)
+@lowering(aten.multi_margin_loss.default, static=True, meta=True)
+def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=MEAN, *, aval):
+    return _multi_margin(x, target, p, margin, weight, reduction).reshape(aval.shape)
 
 
 @lowering(aten.multi_margin_loss_backward.default, static=True)
 def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=MEAN):
-    _, vjp = jax.vjp(lambda v: _multi_margin(v, target, p, margin, weight, reduction), x)
-    return vjp(cast(grad, x.dtype))[0]
+    loss, vjp = jax.vjp(lambda v: _multi_margin(v, target, p, margin, weight, reduction), x)
+    return vjp(cast(grad, x.dtype).reshape(loss.shape))[0]

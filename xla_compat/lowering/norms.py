@@ -114,13 +114,14 @@ def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_
 
 # -- group norm -----------------------------------------------------------------------------------
 
-def _grouped(x, n, group):
-    return x.astype(acc_dtype(x.dtype)).reshape(n, group, -1)
+def _grouped(x, n, c, hxw, group):
+    # Sizes spelled out: with an empty batch a -1 could not be inferred.
+    return x.astype(acc_dtype(x.dtype)).reshape(n, group, (c // group) * hxw)
 
 
 @lowering(aten.native_group_norm.default, static=True)
 def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
-    xg = _grouped(x, n, group)
+    xg = _grouped(x, n, c, hxw, group)
     mean = jnp.mean(xg, axis=-1)
     var = jnp.mean(jnp.square(xg - mean[..., None]), axis=-1)
     rstd = lax.rsqrt(var + eps)
@@ -131,14 +132,14 @@ def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
 @lowering(aten.native_group_norm_backward.default, static=True)
 def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, output_mask):
     dt = acc_dtype(x.dtype)
-    xg = _grouped(x, n, group)
+    xg = _grouped(x, n, c, hxw, group)
     xhat = (xg - mean.astype(dt)[..., None]) * rstd.astype(dt)[..., None]
-    g = grad.astype(dt).reshape(n, c, -1)
-    xhat_c = xhat.reshape(n, c, -1)
+    g = grad.astype(dt).reshape(n, c, hxw)
+    xhat_c = xhat.reshape(n, c, hxw)
     gi = None
     if output_mask[0]:
         gw = g if weight is None else g * weight.astype(dt)[None, :, None]
-        gw = gw.reshape(n, group, -1)
+        gw = gw.reshape(xhat.shape)
         d = gw.shape[-1]
         gi = rstd.astype(dt)[..., None] * (
             gw - jnp.sum(gw, axis=-1, keepdims=True) / d
