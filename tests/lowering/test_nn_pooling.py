@@ -115,3 +115,21 @@ def test_adaptive_max_pool_1d_3d_unbatched():
     check(lambda x: F.adaptive_max_pool3d(x, (2, 3, 2), return_indices=True),
           torch.randn(2, 2, 5, 7, 6))
     check(lambda x: F.adaptive_max_pool2d(x, 2, return_indices=True), torch.randn(3, 5, 5))
+
+
+@pytest.mark.parametrize("kw", [{"output_size": (4, 3)}, {"output_ratio": (0.5, 0.5)},
+                                {"output_size": 1}, {"output_size": (5, 6)}])
+def test_fractional_max_pool2d_with_given_samples(kw):
+    x = torch.randn(2, 3, 9, 7)
+    samples = torch.rand(2, 3, 2)
+    check(lambda x, s: F.fractional_max_pool2d(x, (3, 2), _random_samples=s, return_indices=True,
+                                               **kw), x, samples, frozen=(1,))
+    check(lambda x, s: F.fractional_max_pool2d(x, 2, output_size=(3, 3), _random_samples=s,
+                                               return_indices=True), x[0], samples[:1], frozen=(1,))
+
+
+def test_fractional_max_pool3d_with_given_samples():
+    x, samples = torch.randn(2, 2, 7, 6, 8), torch.rand(2, 2, 3)
+    check(lambda x, s: F.fractional_max_pool3d(x, (2, 3, 2), output_size=(4, 3, 5),
+                                               _random_samples=s, return_indices=True),
+          x, samples, frozen=(1,))

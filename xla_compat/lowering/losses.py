@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import torch
 
 from ._helpers import cast
+from ._meta import grad_like_self
 from .registry import aten, lowering
 
 NONE, MEAN, SUM = 0, 1, 2
@@ -105,18 +105,7 @@ def soft_margin_loss_backward(grad, x, target, reduction):
 
 # -- margin losses with integer targets (backward: vjp of the forward) ----------------------------
 
-# PyTorch ships no meta kernel for these two backward ops; the tracer needs one for the output
-# shape (the input's). Registered only where missing, so a later torch that has one wins.
-_META_LIB = torch.library.Library("aten", "IMPL")
-
-
-def _grad_like_input(grad, x, *args):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-for _name in ("multi_margin_loss_backward", "multilabel_margin_loss_backward"):
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_name}", "Meta"):
-        _META_LIB.impl(_name, _grad_like_input, "Meta")
+grad_like_self("multi_margin_loss_backward", "multilabel_margin_loss_backward")
 
 
 def _multilabel_margin(x, target, reduction):

@@ -16,6 +16,7 @@ import numpy as np
 from jax import lax
 
 from ._helpers import acc_dtype, is_float
+from ._meta import grad_like_self
 from .registry import aten, lowering
 
 
@@ -281,3 +282,66 @@ def adaptive_avg_pool2d_backward(grad, x):
 @lowering(aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool3d_backward(grad, x):
     return _adaptive_avg_backward(grad, x, 3)
+
+
+# -- fractional max pools (the random window starts arrive as an input tensor) --------------------
+
+grad_like_self("fractional_max_pool3d_backward")
+
+def _fractional_starts(u, n_in, n_out, k):
+    """generate_intervals of PyTorch's kernel for samples ``u`` [...]: starts [..., n_out]."""
+    if n_out == 1:
+        return jnp.full(u.shape + (1,), n_in - k, jnp.int64)
+    alpha = jnp.asarray(np.float32(n_in - k) / np.float32(n_out - 1), u.dtype)
+    i = jnp.arange(n_out - 1, dtype=u.dtype)
+    seq = (jnp.floor((i + u[..., None]) * alpha) - jnp.floor(u[..., None] * alpha)).astype(jnp.int64)
+    last = jnp.full(u.shape + (1,), n_in - k, jnp.int64)
+    return jnp.concatenate([seq, last], axis=-1)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, samples, n):
+    lead = x.ndim - n
+    in_sizes = x.shape[-n:]
+    out_sizes = tuple(output_size)
+    kernel = _tuple(kernel_size, n)
+    u = samples.astype(x.dtype).reshape(x.shape[:lead] + (n,))
+    # The kernel reads the samples as (W, H) in 2-d and (T, H, W) in 3-d.
+    order = (1, 0) if n == 2 else (0, 1, 2)
+    starts = [_fractional_starts(u[..., order[d]], in_sizes[d], out_sizes[d], kernel[d])
+              for d in range(n)]
+    strides = [math.prod(in_sizes[d + 1:]) for d in range(n)]
+    flat_x = x.reshape(x.shape[:lead] + (-1,))
+    vals, idxs = [], []
+    for offs in itertools.product(*(range(k) for k in kernel)):
+        flat = 0
+        for d in range(n):
+            pos = starts[d] + offs[d]
+            shape = [1] * n
+            shape[d] = out_sizes[d]
+            flat = flat + pos.reshape(pos.shape[:-1] + tuple(shape)) * strides[d]
+        flat = jnp.broadcast_to(flat, x.shape[:lead] + out_sizes)
+        v = jnp.take_along_axis(flat_x, flat.reshape(x.shape[:lead] + (-1,)), axis=-1)
+        vals.append(v.reshape(flat.shape))
+        idxs.append(flat)
+    vals, idxs = jnp.stack(vals, axis=-1), jnp.stack(idxs, axis=-1)
+    return _pick_max(vals, idxs, jnp.ones(idxs.shape, bool))
+
+
+@lowering(aten.fractional_max_pool2d.default, static=True)
+def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 2)
+
+
+@lowering(aten.fractional_max_pool3d.default, static=True)
+def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 3)
+
+
+@lowering(aten.fractional_max_pool2d_backward.default, static=True)
+def fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
+    return _scatter_by_index(grad, x, indices, 2)
+
+
+@lowering(aten.fractional_max_pool3d_backward.default, static=True)
+def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
+    return _scatter_by_index(grad, x, indices, 3)

@@ -1,0 +1,22 @@
+"""Meta kernels for the few aten backward ops PyTorch ships without one.
+
+The tracer takes every output's shape from the op's meta kernel. These ops return a gradient
+shaped like their ``self`` argument; the kernel is registered only where none exists, so a
+torch release that adds its own wins.
+"""
+from __future__ import annotations
+
+import torch
+
+_LIB = torch.library.Library("aten", "IMPL")
+
+
+def _like_self(grad, x, *args):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def grad_like_self(*names: str) -> None:
+    """Give each ``aten::<name>`` (args: grad, self, ...) a meta kernel returning self's shape."""
+    for name in names:
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            _LIB.impl(name, _like_self, "Meta")
