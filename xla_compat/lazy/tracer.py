@@ -445,12 +445,40 @@ def functional_results(cls, func, args, kwargs):
         f_args, f_kwargs = _drop_out_args(func, args, kwargs, names)
     else:
         f_args, f_kwargs = args, kwargs
+    if functional is not None:
+        check_result_cast(func, functional, _drop_out_args(func, args, kwargs, names),
+                          mutated_tensors)
     # The meta kernel resized out= twins where eager would resize the real tensors.
     position = {id(t): i for i, t in enumerate(_flat_tensors((args, list(kwargs.values()))))}
     out_metas = fresh_metas + [after[position[id(m)]] for m in mutated_tensors]
     node = make_node(target, rule, f_args, f_kwargs, out_metas)
     pairs = [(m, Value(node, fresh + i)) for i, m in enumerate(mutated_tensors)]
     return meta_out, node, pairs, fresh
+
+
+def check_result_cast(func, functional, f_call, mutated) -> None:
+    """Raise eager's error when a write's result dtype cannot be cast into the written tensor.
+
+    Meta kernels of in-place ops skip this check (``int_tensor.mul_(0.5)`` passes on meta), so
+    without it the device would silently truncate where eager raises."""
+    out, _ = meta(functional, *f_call)
+    results = _flat_tensors(out)
+    if len(results) != len(mutated):
+        return
+    for r, m in zip(results, mutated):
+        if r.dtype != m.dtype and not torch.can_cast(r.dtype, m.dtype):
+            raise RuntimeError(
+                f"result type {_type_name(r.dtype)} can't be cast to the desired output type "
+                f"{_type_name(m.dtype)}\n  (xla_compat: raised by {func} with inputs "
+                f"{describe(f_call)})")
+
+
+def _type_name(dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+            torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+            torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
+            torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}.get(
+                dtype, str(dtype).replace("torch.", ""))
 
 
 def _bind(func, args, kwargs) -> dict:
