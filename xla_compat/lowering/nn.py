@@ -1,9 +1,11 @@
-"""Neural-network ops: softmax family, nll_loss, embedding.
+"""Neural-network ops: softmax family, nll_loss, embedding (+renorm), _trilinear (F.bilinear).
 
 Backward ops are lowered as the vjp of their forward rule where PyTorch's closed form adds
 nothing; XLA fuses the result.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -103,3 +105,40 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
         counts = jnp.zeros((num_weights,), g.dtype).at[flat_idx].add(1)
         g = g / counts[flat_idx][:, None]
     return jnp.zeros(aval.shape, aval.dtype).at[flat_idx].add(g.astype(aval.dtype))
+
+
+@lowering(aten.embedding_renorm.default, static=True)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """The new weight of embedding_renorm_: rows looked up whose p-norm exceeds max_norm shrink.
+
+    Eager computes the norm, then the scale ``max_norm / (norm + 1e-7)`` in double precision,
+    and multiplies each row once however often it was looked up.
+    """
+    used = jnp.zeros((weight.shape[0],), bool).at[indices.reshape(-1)].set(True)
+    a = jnp.abs(weight.astype(acc_dtype(weight.dtype)))
+    if norm_type == math.inf:
+        norm = jnp.max(a, axis=1)
+    elif norm_type == 0:
+        norm = jnp.sum(a != 0, axis=1).astype(a.dtype)
+    elif norm_type == 2:
+        norm = jnp.sqrt(jnp.sum(a * a, axis=1))
+    else:
+        norm = jnp.sum(a ** norm_type, axis=1) ** (1.0 / norm_type)
+    norm = norm.astype(jnp.float64)
+    scale = jnp.where(used & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
+    return weight * scale.astype(weight.dtype)[:, None]
+
+
+@lowering(aten._trilinear.default, static=True, meta=True)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1, *, aval):
+    """sum over ``sumdim`` of i1 * i2 * i3, each unsqueezed at its ``expand`` dims (F.bilinear)."""
+    ndim = i1.ndim + len(expand1)
+    letters = "abcdefghijklmnopqrstuvwxyz"[:ndim]
+    subs = [
+        "".join(letters[d] for d in range(ndim) if d not in set(e))
+        for e in (expand1, expand2, expand3)]
+    present = set("".join(subs))
+    out = "".join(letters[d] for d in range(ndim) if d not in set(sumdim) and letters[d] in present)
+    y = jnp.einsum(f"{subs[0]},{subs[1]},{subs[2]}->{out}", i1, i2, i3,
+                   precision=jax.lax.Precision.HIGHEST)
+    return y.reshape(aval.shape)
