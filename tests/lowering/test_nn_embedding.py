@@ -40,3 +40,10 @@ def test_bilinear():
     x1, x2 = torch.randn(3, 4), torch.randn(3, 5)
     check(F.bilinear, x1, x2, torch.randn(6, 4, 5), torch.randn(6))
     check(F.bilinear, torch.randn(2, 3, 4), torch.randn(2, 3, 5), torch.randn(6, 4, 5))
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.5, 3.0, 0.0, float("inf")])
+def test_pdist(p):
+    x = torch.randn(5, 3)
+    x[3] = x[1]                       # a zero distance: its gradient is zero, not nan
+    check(lambda x: F.pdist(x, p), x)

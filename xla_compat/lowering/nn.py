@@ -1,4 +1,4 @@
-"""Neural-network ops: softmax family, nll_loss, embedding (+renorm), _trilinear (F.bilinear).
+"""Neural-network ops: softmax family, nll_loss, embedding (+renorm), _trilinear (F.bilinear), pdist.
 
 Backward ops are lowered as the vjp of their forward rule where PyTorch's closed form adds
 nothing; XLA fuses the result.
@@ -9,6 +9,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._helpers import acc_dtype, cast, dim
 from .registry import aten, lowering
@@ -142,3 +143,49 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1, *, av
     y = jnp.einsum(f"{subs[0]},{subs[1]},{subs[2]}->{out}", i1, i2, i3,
                    precision=jax.lax.Precision.HIGHEST)
     return y.reshape(aval.shape)
+
+
+# -- pdist: distances between the rows of x, pairs (i < j) in row-major order ---------------------
+
+def _pairs(x):
+    i, j = np.triu_indices(x.shape[0], 1)
+    return i, j, x[i] - x[j]
+
+
+@lowering(aten._pdist_forward.default, static=True)
+def pdist_forward(x, p=2.0):
+    _, _, d = _pairs(x)
+    a = jnp.abs(d)
+    if p == 0:
+        return jnp.sum(a != 0, axis=-1).astype(x.dtype)
+    if p == 1:
+        return jnp.sum(a, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=-1))
+    if p == math.inf:
+        return jnp.max(a, axis=-1, initial=0)
+    return jnp.sum(a ** p, axis=-1) ** (1.0 / p)
+
+
+@lowering(aten._pdist_backward.default, static=True)
+def pdist_backward(grad, x, p, dist):
+    """Closed forms of PyTorch's kernel (zero where the distance is zero), summed per row."""
+    i, j, d = _pairs(x)
+    g, dist = grad[:, None], dist[:, None]
+    zero = jnp.zeros((), x.dtype)
+    a = jnp.abs(d)
+    if p == 0:
+        pair = jnp.zeros_like(d)
+    elif p == 1:
+        pair = jnp.sign(d) * g
+    elif p < 2:
+        bad = (dist == 0) | ((d == 0) & (p < 1))
+        pair = jnp.where(bad, zero, jnp.sign(d) * a ** (p - 1) * g / dist ** (p - 1))
+    elif p == 2:
+        pair = jnp.where(dist == 0, zero, g * d / dist)
+    elif p == math.inf:
+        pair = g * jnp.sign(d) * (a == dist).astype(x.dtype)
+    else:
+        pair = jnp.where(dist == 0, zero, d * a ** (p - 2) * g / dist ** (p - 1))
+    out = jnp.zeros_like(x).at[i].add(pair)
+    return out.at[j].add(-pair)
