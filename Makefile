@@ -19,6 +19,9 @@ test: .venv
 conformance: .venv
 	$(PY) -m tests.conformance.run --full --jobs $(JOBS)
 
+fuzz: .venv
+	$(PY) -m tests.fuzz.run --examples 20000
+
 bench: .venv
 	$(PY) benchmarks/run.py --out benchmarks/RESULTS.md
 

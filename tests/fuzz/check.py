@@ -1,0 +1,91 @@
+"""Run one program on CPU eager and on each device path; every tensor it names must agree."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+import xla_compat as xc
+from xla_compat import paths
+
+from .programs import Program, results, run
+
+PATHS = ("legacy", "functional")
+
+
+class Disagreement(AssertionError):
+    """A device path computed something CPU eager did not."""
+
+
+class KnownIssue(Exception):
+    """A disagreement matching an open, reported issue (``KNOWN``); counted, not failed."""
+
+
+# (path, pattern in the disagreement, label): open issues reported to the lead, each with a
+# regression test in tests/test_reliability_regressions.py. Fixed issues leave this list.
+KNOWN = (
+    ("functional", re.compile(r"as_strided\(\) is non-compositional"),
+     "functional: write through as_strided of a view (upstream functionalization limit)"),
+    ("functional", re.compile(r"can't be cast to the desired output type.*nothing was raised"),
+     "functional: in-place/out= result dtype not checked against the written tensor"),
+    ("functional", re.compile(r"more than one element of the written-.*nothing was raised"),
+     "functional: a write to an expanded (internally overlapping) view is not rejected"),
+    ("functional", re.compile(r"setStorage: .*nothing was raised"),
+     "functional: as_strided beyond the storage is not rejected"),
+    ("functional", re.compile(r"^functional path, \S+: strides"),
+     "functional: strides of a tensor after a write through a transposed view"),
+    ("legacy", re.compile(r"some elements of the input tensor and.*nothing was raised"),
+     "legacy: a write whose source partially overlaps the written tensor is not rejected"),
+    ("functional", re.compile(r"some elements of the input tensor and.*nothing was raised"),
+     "functional: a write whose source partially overlaps the written tensor is not rejected"),
+)
+
+
+def known(path: str, message: str):
+    for p, pattern, label in KNOWN:
+        if p == path and pattern.search(message):
+            return label
+    return None
+
+
+def check(program: Program, on=PATHS) -> None:
+    """Raise ``Disagreement`` naming the path and tensor where a device run differs from CPU."""
+    for name in on:
+        __import__(f"xla_compat.{name}")
+    expected = results(run(program, "cpu"))
+    for name in on:
+        with paths.activated(name):
+            try:
+                got = results(run(program, "device"))
+                xc.sync()
+            except Exception as e:
+                what = "" if isinstance(e, AssertionError) else f" raised {type(e).__name__}:"
+                message = f"{name} path{what} {e}"
+                label = known(name, message)
+                if label:
+                    raise KnownIssue(label) from e
+                raise Disagreement(message) from e
+            compare(got, expected, name)
+
+
+def compare(got: dict, expected: dict, path: str) -> None:
+    for key, want in expected.items():
+        have = got.get(key)
+        where = f"{path} path, {key}"
+        if have is None:
+            raise Disagreement(f"{where}: not defined on the device")
+        if tuple(have.shape) != tuple(want.shape) or have.dtype != want.dtype:
+            raise Disagreement(f"{where}: {have.dtype}{list(have.shape)} on the device, "
+                               f"{want.dtype}{list(want.shape)} on the CPU")
+        # Strides of a view are its layout over the shared storage (eager's, on both paths);
+        # reads went through .cpu()/.clone() and may be laid out afresh.
+        # A tensor without elements has no layout to agree on.
+        if not key.startswith("reads") and want.numel() and have.stride() != want.stride():
+            raise Disagreement(f"{where}: strides {have.stride()} on the device, "
+                               f"{want.stride()} on the CPU")
+        host = have.detach().cpu()
+        try:
+            torch.testing.assert_close(host, want, rtol=1e-6, atol=1e-5, equal_nan=True)
+        except AssertionError as e:
+            raise Disagreement(f"{where}: values differ\n  device: {host.tolist()}\n"
+                               f"  cpu:    {want.tolist()}\n{e}") from None
