@@ -95,7 +95,7 @@ def collect(roots: list[Value], donatable=frozenset()) -> Graph:
             donate.append(i)
         leaf_key.append((leaf.signature(), d))
         if type(leaf) is DeviceData and leaf.placement is not None:
-            spread.append(leaf.placement)
+            spread.append(leaf.array.sharding)
     for node in nodes:
         if node.op == sharding.CONSTRAINT_OP:
             spread.append(node.rule.spec.named())

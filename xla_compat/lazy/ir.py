@@ -93,9 +93,16 @@ class DeviceData(Node):
 
 
 def placement(array):
-    """None for an array on one device; its (hashable) sharding when spread over several."""
+    """None for an array on one device; a hashable description of its layout when spread over
+    several (equal for equivalent layouts: P() and P(None,) lay a vector out alike)."""
     s = getattr(array, "sharding", None)
-    return s if s is not None and s.num_devices > 1 else None
+    if s is None or s.num_devices <= 1:
+        return None
+    spec = getattr(s, "spec", None)
+    if spec is None:
+        return s
+    parts = tuple(p[0] if isinstance(p, tuple) and len(p) == 1 else (p or None) for p in spec)
+    return ("named", s.mesh, parts + (None,) * (len(array.shape) - len(parts)), s.memory_kind)
 
 
 class ScalarParam(Node):
