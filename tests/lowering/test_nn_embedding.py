@@ -47,3 +47,32 @@ def test_pdist(p):
     x = torch.randn(5, 3)
     x[3] = x[1]                       # a zero distance: its gradient is zero, not nan
     check(lambda x: F.pdist(x, p), x)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("kw", [{}, {"padding_idx": 2}, {"include_last_offset": True}])
+def test_embedding_bag_with_offsets(mode, kw):
+    w = torch.randn(10, 3)
+    idx = torch.tensor([1, 2, 4, 5, 2, 2, 7, 9, 4])
+    off = torch.tensor([0, 4, 4, 6, 9]) if kw.get("include_last_offset") else \
+        torch.tensor([0, 4, 4, 6])
+    check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, **kw), w, idx, off)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_2d_input_and_scale_grad_by_freq(mode):
+    w, idx = torch.randn(8, 4), torch.tensor([[1, 3, 3], [0, 7, 1]])
+    check(lambda w, i: F.embedding_bag(i, w, mode=mode), w, idx)
+    if mode != "max":
+        check(lambda w, i: F.embedding_bag(i, w, mode=mode, scale_grad_by_freq=True), w, idx)
+        # Eager's kernel divides the s-th unique index by the count of sorted_indices[s]: here
+        # 5 gets the count of 2 (three), and hlo reproduces that.
+        check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, scale_grad_by_freq=True), w,
+              torch.tensor([5, 2, 2, 2, 6, 6, 7]), torch.tensor([0, 3]))
+
+
+def test_embedding_bag_per_sample_weights():
+    w, idx = torch.randn(8, 4), torch.tensor([1, 3, 3, 0, 7, 1])
+    check(lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p,
+                                             padding_idx=0),
+          w, idx, torch.tensor([0, 2, 5]), torch.rand(6))

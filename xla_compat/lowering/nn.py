@@ -189,3 +189,98 @@ def pdist_backward(grad, x, p, dist):
         pair = jnp.where(dist == 0, zero, d * a ** (p - 2) * g / dist ** (p - 1))
     out = jnp.zeros_like(x).at[i].add(pair)
     return out.at[j].add(-pair)
+
+
+# -- embedding_bag (mode 0 sum, 1 mean, 2 max; indices 1-d, bags start at offsets) ---------------
+
+def _bags(indices, offsets, include_last_offset, padding_idx):
+    """(bag of each position, which positions count, number of bags)."""
+    n_bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    pos = jnp.arange(indices.shape[0])
+    bag = jnp.searchsorted(offsets[:n_bags], pos, side="right") - 1
+    keep = indices != padding_idx
+    if include_last_offset:
+        keep = keep & (pos < offsets[-1])
+    return bag, keep, n_bags
+
+
+@lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default, static=True,
+          meta=True)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1, *, aval):
+    """(output, offset2bag, bag_size, max_indices) as CPU eager fills them."""
+    bag, keep, n_bags = _bags(indices, offsets, include_last_offset, padding_idx)
+    rows = jnp.take(weight, indices, axis=0)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+    zero = jnp.zeros((), rows.dtype)
+    count = jax.ops.segment_sum(keep.astype(jnp.int64), bag, n_bags)
+    max_idx = jnp.zeros(aval[3].shape, jnp.int64)
+    if mode == 2:
+        low = jnp.asarray(-jnp.inf, rows.dtype)
+        best = jax.ops.segment_max(jnp.where(keep[:, None], rows, low), bag, n_bags)
+        hit = keep[:, None] & (rows == best[bag])
+        first = jax.ops.segment_min(jnp.where(hit, jnp.arange(rows.shape[0])[:, None],
+                                              rows.shape[0]), bag, n_bags)
+        empty = (count == 0)[:, None]
+        out = jnp.where(empty, zero, best)
+        max_idx = jnp.where(empty, 0, jnp.take(indices, jnp.minimum(first, rows.shape[0] - 1)))
+    else:
+        out = jax.ops.segment_sum(jnp.where(keep[:, None], rows, zero), bag, n_bags)
+        if mode == 1:
+            out = jnp.where((count == 0)[:, None], zero, out / jnp.maximum(count, 1)[:, None])
+    bag_size = count if mode != 0 else jnp.zeros_like(count)
+    # With include_last_offset eager's bag_size still has one entry per offset.
+    bag_size = jnp.pad(bag_size, (0, aval[2].shape[0] - n_bags))
+    return out, bag, bag_size, max_idx
+
+
+@lowering(aten._embedding_bag_backward.default, static=True, meta=True)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                           num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                           padding_idx=-1, *, aval):
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
+                                        num_weights, scale_grad_by_freq, mode, per_sample_weights,
+                                        padding_idx, aval=aval)
+
+
+@lowering(aten._embedding_bag_dense_backward.default, static=True, meta=True)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, max_idx, num_weights,
+                                 scale_freq, mode, psw, padding_idx=-1, *, aval):
+    """Dense weight gradient from the forward's offset2bag, bag_size and max_indices."""
+    out = jnp.zeros(aval.shape, grad.dtype)
+    if mode == 2:
+        cols = jnp.arange(grad.shape[1])[None, :]
+        g = jnp.where((bag_size[:grad.shape[0]] > 0)[:, None], grad, jnp.zeros((), grad.dtype))
+        return out.at[max_idx, cols].add(g)
+    keep = indices != padding_idx
+    g = grad[offset2bag]
+    if psw is not None:
+        g = g * psw[:, None].astype(g.dtype)
+    if mode == 1:
+        g = g / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(g.dtype)
+    if scale_freq:
+        g = g / _eager_bag_counts(indices, num_weights)[:, None].astype(g.dtype)
+    return out.at[indices].add(jnp.where(keep[:, None], g, jnp.zeros((), g.dtype)))
+
+
+def _eager_bag_counts(indices, num_weights):
+    """The count CPU eager divides each occurrence by under scale_grad_by_freq.
+
+    Its kernel walks the unique values in sorted order and, for the s-th one, reads
+    ``counts[sorted_indices[s]]`` (a position used as a segment number), so a value can get
+    another value's count. Reproduced, since eager is the reference.
+    """
+    counts = jnp.zeros((num_weights,), jnp.int64).at[indices].add(1)
+    srt = jnp.sort(indices)
+    is_new = jnp.concatenate([jnp.ones((1,), bool), srt[1:] != srt[:-1]])
+    segment = jnp.cumsum(is_new) - 1
+    s = segment[jnp.searchsorted(srt, indices, side="left")]
+    return counts[srt[s]]
+
+
+@lowering(aten._embedding_bag_per_sample_weights_backward.default, static=True)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
+                                              padding_idx=-1):
+    dots = jnp.sum(grad[offset2bag] * jnp.take(weight, indices, axis=0), axis=1)
+    return jnp.where(indices != padding_idx, dots, jnp.zeros((), dots.dtype))
