@@ -149,9 +149,11 @@ class MLP(nn.Module):
 class MLPTraining(Workload):
     name: ClassVar[str] = "W2"
     title: ClassVar[str] = "MLP {dims}, batch {batch}, SGD momentum step"
-    # 35 SGD steps with float32 sums in another order (XLA vs MKL): ~1e-6 apart, checked looser.
+    # After 35 steps XLA (hlo and the JAX twin alike) is 2.7e-5 from eager on weights of ~0.04,
+    # eager 9e-7 from float64: around step 5 a hidden unit's pre-activation sits at float32 noise
+    # and ReLU flips it, a discrete change in one row's gradient; the loss agrees to 1e-6.
     rtol: ClassVar[float] = 1e-4
-    atol: ClassVar[float] = 1e-5
+    atol: ClassVar[float] = 1e-4
     dims: tuple = (784, 1024, 1024, 10)
     batch: int = 128
     lr: float = 0.01
