@@ -33,6 +33,13 @@ def register_value_holder(fn) -> None:
 
 
 _rebinders: list = []
+_failure_hooks: list = []
+
+
+def register_failure_hook(fn) -> None:
+    """``fn(error)`` is called after a failed sync, once the core has rolled its tensors back;
+    a path puts state the core cannot see (legacy alias bases) back to its last value."""
+    _failure_hooks.append(fn)
 
 
 def register_rebinder(fn) -> None:
@@ -447,10 +454,12 @@ def _rollback(pending: list, error: BaseException) -> None:
         if last is not None and not last.node.array.is_deleted():
             t._value = last
         else:
-            t._value = Value(Poisoned(t._value.node.avals, _poison_error(error)), t._value.index)
+            t._value = Value(Poisoned(t._value.node.avals, poison_error(error)), t._value.index)
+    for fn in _failure_hooks:
+        fn(error)
 
 
-def _poison_error(error: BaseException) -> RuntimeError:
+def poison_error(error: BaseException) -> RuntimeError:
     return RuntimeError(
         "xla_compat: this tensor was computed by a graph whose sync failed, and it has no "
         f"earlier value to return to. The failure was:\n  {type(error).__name__}: {error}")
