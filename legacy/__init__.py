@@ -60,7 +60,7 @@ def _rebind(mapping) -> None:
     for a in _alias.live_aliases():
         new = mapping.get(a.base)
         if new is not None:
-            a.base = new
+            a.base = a.last = new
             was[id(a)] = a.gen
             a.gen += 1
     for t in legacy_tensors():
@@ -72,6 +72,12 @@ def _rebind(mapping) -> None:
             t._v = new
             t._last_data = new
             t._gen = a.gen
+
+
+def _roll_back(error) -> None:
+    """A failed sync: every storage returns to its last materialised value (see Alias)."""
+    for a in _alias.live_aliases():
+        a.roll_back(error)
 
 
 def _probe():
@@ -92,6 +98,7 @@ def _to_path(t) -> LegacyTensor:
 executor.register_extra_roots(_extra_roots)
 executor.register_value_holder(_held_values)
 executor.register_rebinder(_rebind)
+executor.register_failure_hook(_roll_back)
 paths.register(paths.PathImpl(
     name="legacy", version=VERSION, torch_versions=">=2.13", tensor_cls=LegacyTensor,
     inner=_inner, owns=_owns, before_sync=_before_sync, probe=_probe, to_path=_to_path))

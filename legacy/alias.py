@@ -12,7 +12,7 @@ import itertools
 import weakref
 
 from xla_compat import metrics, sharding
-from xla_compat.lazy.ir import Aval, Node, Slot, Value
+from xla_compat.lazy.ir import Aval, DeviceData, Node, Poisoned, Slot, Value
 
 from . import views
 from .views import Layout
@@ -25,7 +25,7 @@ _aliases: "weakref.WeakValueDictionary[int, Alias]" = weakref.WeakValueDictionar
 class Alias:
     """One storage: the base value, writes pending on it, and a generation counter."""
 
-    __slots__ = ("base", "pending", "gen", "root", "sharding", "__weakref__")
+    __slots__ = ("base", "pending", "gen", "root", "sharding", "last", "__weakref__")
 
     def __init__(self, base: Value, root: Layout):
         self.base = base
@@ -33,7 +33,22 @@ class Alias:
         self.gen = 0
         self.root = root          # the root tensor's layout over the storage (for as_strided)
         self.sharding = None      # SPMD: the storage's layout over a mesh (xc.mark_sharding)
+        self.last = base if type(base.node) is DeviceData else None   # last materialised base
         _aliases[next(_serial)] = self
+
+    def roll_back(self, error: BaseException) -> None:
+        """After a failed sync: drop writes since the last materialised base (poisoned if none);
+        every member re-derives when next read."""
+        last = self.last
+        if last is not None and last.node.array.is_deleted():
+            last = None
+        if last is None and (self.pending or not self.base.node.is_leaf):
+            from xla_compat.executor import poison_error
+            last = Value(Poisoned((self.base.aval,), poison_error(error)), 0)
+        if last is not None and (last is not self.base or self.pending):
+            self.base = last
+            self.pending.clear()
+            self.gen += 1
 
     def flush(self) -> Value:
         """Fold pending writes into ``base`` (one node per write) and return it."""
@@ -62,6 +77,8 @@ class Alias:
         if not chain:                      # the whole storage is overwritten
             self.pending.clear()
             self.base = value
+            if type(value.node) is DeviceData:
+                self.last = value
         elif self.pending and self.pending[-1][0] == chain:
             self.pending[-1] = (chain, value)   # consecutive writes through one chain collapse
         else:
