@@ -84,3 +84,25 @@ def test_pixel_shuffle_unshuffle_and_channel_shuffle():
     check(lambda x: F.pixel_shuffle(x, 3), torch.randn(9, 2, 3))
     check(lambda x: F.pixel_unshuffle(x, 2), torch.randn(2, 3, 4, 6))
     check(lambda x: F.channel_shuffle(x, 3), torch.randn(2, 6, 2, 3))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_2d(mode, padding_mode, align_corners):
+    x = torch.randn(2, 3, 5, 6)
+    grid = torch.rand(2, 4, 7, 2) * 2.6 - 1.3        # some points fall outside [-1, 1]
+    # Bicubic grid gradients sum 16 taps' cubic derivatives scaled by size/2 (values up to ~20);
+    # eager and XLA round differently, both ~1e-5 from the float64 result (checked).
+    tol = {"grad_atol": 2e-5} if mode == "bicubic" else {}
+    check(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode,
+                                     align_corners=align_corners), x, grid, **tol)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+def test_grid_sample_3d(mode, padding_mode):
+    x = torch.randn(2, 2, 4, 5, 3)
+    grid = torch.rand(2, 3, 2, 4, 3) * 2.6 - 1.3
+    check(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode,
+                                     align_corners=False), x, grid)

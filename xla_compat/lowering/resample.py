@@ -1,11 +1,13 @@
-"""Resampling: nearest/linear/cubic upsampling, reflection and replication padding, pixel and
-channel shuffles.
+"""Resampling: nearest/linear/cubic upsampling, grid sampling, reflection and replication
+padding, pixel and channel shuffles.
 
 Source indices and interpolation weights depend only on sizes and scales, so they are computed
 once in numpy, in the precision PyTorch's CPU kernel uses (float32 for float and half inputs),
 and become constants of the graph. Backward ops are the vjp of the forward gathers.
 """
 from __future__ import annotations
+
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -225,3 +227,101 @@ def channel_shuffle(x, groups):
     y = x.reshape((n, groups, c // groups) + rest)
     return jnp.swapaxes(y, 1, 2).reshape(x.shape)
 
+
+
+# -- grid_sampler (F.grid_sample): mode 0 bilinear, 1 nearest, 2 bicubic; padding 0 zeros,
+#    1 border, 2 reflection ------------------------------------------------------------------------
+
+def _unnormalize(c, size, align_corners):
+    if align_corners:
+        return (c + 1) / 2 * (size - 1)
+    return ((c + 1) * size - 1) / 2
+
+
+def _reflect(c, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(c)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    c = jnp.abs(c - low)
+    extra = jnp.fmod(c, span)
+    flips = jnp.floor(c / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _pad_coord(c, size, padding_mode, align_corners):
+    """compute_coordinates of PyTorch's GridSampler.h: border clips, reflection folds then clips."""
+    if padding_mode == 2:
+        c = _reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1)
+    if padding_mode in (1, 2):
+        c = jnp.clip(c, 0, size - 1)
+    return c
+
+
+def _cubic_coeffs(t, a=-0.75):
+    def cc1(v):
+        return ((a + 2) * v - (a + 3)) * v * v + 1
+
+    def cc2(v):
+        return ((a * v - 5 * a) * v + 8 * a) * v - 4 * a
+    return [cc2(t + 1), cc1(t), cc1(1 - t), cc2(2 - t)]
+
+
+def _grid_sample(x, grid, mode, padding_mode, align_corners):
+    n = grid.shape[-1]
+    sizes = x.shape[2:]
+    nb, c = x.shape[:2]
+    out_sp = grid.shape[1:-1]
+    flat_x = x.reshape(nb, c, -1)
+    strides = [int(np.prod(sizes[d + 1:])) for d in range(n)]
+    # Grid components are (x, y[, z]): the last spatial dim comes first.
+    coords = [grid[..., n - 1 - d].astype(x.dtype) for d in range(n)]
+    src = [_unnormalize(cd, sizes[d], align_corners) for d, cd in enumerate(coords)]
+
+    def gather(idx):
+        valid = jnp.ones(out_sp, bool)[None]
+        flat = 0
+        for d, i in enumerate(idx):
+            valid = valid & (i >= 0) & (i <= sizes[d] - 1)
+            flat = flat + jnp.clip(i, 0, sizes[d] - 1).astype(jnp.int64) * strides[d]
+        v = jnp.take_along_axis(flat_x, flat.reshape(nb, 1, -1), axis=2).reshape((nb, c) + out_sp)
+        return jnp.where(valid[:, None], v, jnp.zeros((), x.dtype))
+
+    if mode == 2:
+        base = [jnp.floor(s) for s in src]
+        coeffs = [_cubic_coeffs(s - b) for s, b in zip(src, base)]
+        out = 0
+        for taps in itertools.product(range(4), repeat=n):
+            idx = [_pad_coord(b - 1 + k, sizes[d], padding_mode, align_corners)
+                   for d, (b, k) in enumerate(zip(base, taps))]
+            w = 1
+            for d, k in enumerate(taps):
+                w = w * coeffs[d][k]
+            out = out + gather(idx) * w[:, None]
+        return out
+    src = [_pad_coord(s, sizes[d], padding_mode, align_corners) for d, s in enumerate(src)]
+    if mode == 1:
+        return gather([jnp.round(s) for s in src])   # nearbyint: ties to even
+    base = [jnp.floor(s) for s in src]
+    out = 0
+    for corner in itertools.product((0, 1), repeat=n):
+        w = 1
+        for d, k in enumerate(corner):
+            frac = src[d] - base[d]
+            w = w * (frac if k else 1 - frac)
+        out = out + gather([b + k for b, k in zip(base, corner)]) * w[:, None]
+    return out
+
+
+@lowering(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, static=True)
+def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lowering(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default,
+          static=True)
+def grid_sampler_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners,
+                          output_mask):
+    f = lambda v, g: _grid_sample(v, g, interpolation_mode, padding_mode, align_corners)  # noqa
+    _, vjp = jax.vjp(f, x, grid)
+    gx, gg = vjp(grad.astype(x.dtype))
+    return (gx if output_mask[0] else None), (gg if output_mask[1] else None)
