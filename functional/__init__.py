@@ -6,11 +6,13 @@ ops plus ``*_scatter`` write-backs, so the lazy graph underneath has no aliasing
 """
 from __future__ import annotations
 
+from xla_compat import executor as _executor
 from xla_compat import paths as _paths
 from xla_compat.lazy.ir import skip_frames_in
 
 from . import boundary as _boundary
 from .inner import FunctionalInner
+from .wrap import after_sync as _after_sync
 from .wrap import alias_id, before_sync, inner, owns, probe, to_path, wrap
 from .writes import FunctionalizationLimit
 
@@ -27,6 +29,7 @@ IMPL = _paths.PathImpl(
 
 _boundary.install()
 _paths.register(IMPL)
+_executor.register_rebinder(_after_sync)
 
 __all__ = ["FunctionalInner", "FunctionalizationLimit", "IMPL", "alias_id", "inner", "owns",
            "to_path", "wrap"]

@@ -25,6 +25,10 @@ from .inner import FunctionalInner, tracing
 _wrappers: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
 # id(wrapper) -> alias id of its buffer lineage.
 _alias_of_wrapper: dict[int, int] = {}
+# alias id -> the device value the lineage had after the last successful sync. An in-place op
+# replaces the wrapper's inner tensor by a new, pending one; if the next sync fails, the new inner
+# tensor returns to this value (the executor's rollback reads ``_last_data``).
+_last_by_alias: dict[int, object] = {}
 _alias_ids = itertools.count(1)
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 
@@ -37,7 +41,9 @@ def owns(t) -> bool:
 
 def _forget(key: int):
     def drop(_ref=None):
-        _alias_of_wrapper.pop(key, None)
+        aid = _alias_of_wrapper.pop(key, None)
+        if aid is not None and aid not in _alias_of_wrapper.values():
+            _last_by_alias.pop(aid, None)
     return drop
 
 
@@ -82,6 +88,8 @@ def propagate_alias_id(w: torch.Tensor, inner_t: LazyTensor) -> int:
             _alias_of_wrapper[key] = aid
     elif getattr(inner_t, "_alias_id", None) != aid:
         inner_t._alias_id = aid
+    if getattr(inner_t, "_last_data", None) is None and aid in _last_by_alias:
+        inner_t._last_data = _last_by_alias[aid]
     # SPMD: the lineage's sharding spec follows the alias id (as torch_xla's
     # _propagate_xla_data carries it), so in-place ops and optimizer steps keep the layout.
     sharding.carry(inner_t, aid)
@@ -106,6 +114,17 @@ def inner(t) -> LazyTensor:
         raise TypeError(f"xla_compat: expected a functional hlo tensor, got a "
                         f"{type(t).__name__} on {getattr(t, 'device', '?')}")
     return sync_wrapper(t)
+
+
+def after_sync(mapping) -> None:
+    """Executor rebinder: remember each lineage's freshly materialised value (for rollback)."""
+    for key, w in list(_wrappers.items()):
+        aid = _alias_of_wrapper.get(key)
+        if aid is None:
+            continue
+        last = getattr(torch._from_functional_tensor(w), "_last_data", None)
+        if last is not None:
+            _last_by_alias[aid] = last
 
 
 def before_sync(tensors=None) -> None:
