@@ -33,6 +33,7 @@ class LegacyTensor(LazyTensor):
 
     path_name = "legacy"
     _alias = None
+    __torch_function__ = classmethod(_core_tensor.path_checking_torch_function)
 
     @staticmethod
     def __new__(cls, value, shape, dtype, strides=None, storage_offset=None,

@@ -47,19 +47,9 @@ class LazyTensor(torch.Tensor):
     def __init__(self, *args, **kwargs):
         pass
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # What torch's default for __torch_dispatch__ subclasses does (no result conversion), plus
-        # one check: a mutation whose arguments include a tensor of another path.
-        mutating = _mutating.get(func)
-        if mutating is None:
-            from . import tracer
-            mutating = _mutating[func] = tracer.is_mutating_function(func, None)
-        if mutating or (kwargs and kwargs.get("out") is not None):
-            from . import tracer
-            tracer.check_mutation_paths(cls, func, args, kwargs)
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+    # torch's default for dispatch subclasses: no Python call per torch function (shape and
+    # stride reads included). Paths that need a torch-function hook install their own.
+    __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -115,6 +105,24 @@ class LazyTensor(torch.Tensor):
         out.requires_grad_(self.requires_grad)
         memo[id(self)] = out
         return out
+
+
+def path_checking_torch_function(cls, func, types, args=(), kwargs=None):
+    """A ``__torch_function__`` that rejects a mutation whose arguments mix paths, and otherwise
+    behaves like torch's default for dispatch subclasses (no result conversion).
+
+    The legacy path installs it: a functional wrapper among a mutation's arguments would
+    otherwise reach an internal assert in PyTorch's Functionalize kernel before any dispatch
+    hook of ours runs."""
+    mutating = _mutating.get(func)
+    if mutating is None:
+        from . import tracer
+        mutating = _mutating[func] = tracer.is_mutating_function(func, None)
+    if mutating or (kwargs and kwargs.get("out") is not None):
+        from . import tracer
+        tracer.check_mutation_paths(cls, func, args, kwargs)
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **(kwargs or {}))
 
 
 def live_tensors() -> list[LazyTensor]:
