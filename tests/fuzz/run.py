@@ -42,9 +42,10 @@ def fuzz(examples: int, seed: int | None):
             known[str(e)] += 1
         except Exception as e:  # noqa: BLE001 - every failure is recorded, none stops the run
             k = _kind(e)
+            if k not in failures:     # printed at once: an interrupted run keeps the evidence
+                print(f"  failure: {k}\n{program.to_source()}", flush=True)
             if k not in failures or len(program.stmts) < len(failures[k][1].stmts):
                 failures[k] = (f"{type(e).__name__}: {e}", program)
-            print(f"  failure: {k}", flush=True)
         if stats["programs"] % 500 == 0:
             print(f"  {stats['programs']} programs, {len(failures)} distinct failures, "
                   f"{sum(known.values())} known-issue hits", flush=True)
