@@ -100,6 +100,19 @@ def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _seconds(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SettingError(f"{name}={raw!r}: expected a positive number of seconds, e.g. 30")
+    return value
+
+
 def _tolerances(env: Mapping[str, str], name: str) -> tuple:
     """``float32=1e-5:1e-6,bfloat16=0.016:1e-5`` -> ((dtype, rtol, atol), ...)."""
     raw = env.get(name)
@@ -169,6 +182,7 @@ class Settings:
     dual_run_report: str | None = None   # XLA_DUAL_RUN_REPORT: JSONL file, one line per dual run
     dual_run_tolerances: tuple = ()      # XLA_DUAL_RUN_TOLERANCES: float32=1e-5:1e-6,... overrides
     dual_run_ignore: tuple[str, ...] = ()  # XLA_DUAL_RUN_IGNORE: op:<glob> / name:<glob> rules
+    dual_run_timeout: float | None = None  # XLA_DUAL_RUN_TIMEOUT: seconds before a shadow is abandoned
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -198,6 +212,7 @@ class Settings:
             dual_run_report=env.get("XLA_DUAL_RUN_REPORT") or None,
             dual_run_tolerances=_tolerances(env, "XLA_DUAL_RUN_TOLERANCES"),
             dual_run_ignore=_patterns(env, "XLA_DUAL_RUN_IGNORE") or (),
+            dual_run_timeout=_seconds(env, "XLA_DUAL_RUN_TIMEOUT"),
             raw={k: v for k, v in env.items()
                  if k.startswith("XLA_") or k in JOB_ID_SOURCES},
         )

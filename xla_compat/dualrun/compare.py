@@ -44,7 +44,7 @@ class Mismatch:
     """One compared value whose two paths disagree (or could not be compared)."""
 
     name: str                  # "output[0]", "input model.fc.weight", "exception", ...
-    kind: str                  # values | nan | shape | dtype | type | alias | exception | missing
+    kind: str                  # values | nan | shape | dtype | type | alias | exception | missing | timeout
     detail: str
     max_abs_err: Optional[float] = None
     max_rel_err: Optional[float] = None

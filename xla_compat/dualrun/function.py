@@ -144,6 +144,29 @@ def _run(step, args, kwargs, path: str) -> _Run:
     return r
 
 
+def _run_shadow(step, args, kwargs, path: str, timeout_s: Optional[float]) -> Optional[_Run]:
+    """The shadow run, or None when it took longer than ``timeout_s`` and was abandoned.
+
+    With a timeout the shadow runs in a daemon worker thread and the caller stops waiting at the
+    deadline. The thread cannot be killed: it may finish later. It only ever holds the cloned
+    arguments, so it cannot write authoritative tensors; its late sync materialises whatever is
+    pending then (values stay right), and random numbers it draws late advance the shared RNG.
+    A shadow stuck inside tracing or a sync holds the device lock and blocks every thread; the
+    timeout covers hangs in the step's own code (a wait, a dead data loader, a slow host op).
+    """
+    if timeout_s is None:
+        return _run(step, args, kwargs, path)
+    box: list[_Run] = []
+    worker = threading.Thread(target=lambda: box.append(_run(step, args, kwargs, path)),
+                              name=f"xla_compat-dual-run-shadow-{path}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive() or not box:
+        metrics.inc("DualRunShadowTimeout")
+        return None
+    return box[0]
+
+
 def _first_path(x) -> Optional[str]:
     if isinstance(x, torch.Tensor):
         return paths.of(x)
@@ -186,8 +209,14 @@ def _error_text(e: Optional[BaseException]) -> Optional[str]:
 
 def run_both(step, args: tuple, kwargs: dict, *, name: str, step_no: Optional[int] = None,
              mode: str = "full", strict: bool = False,
-             ignore: IgnoreRules | None = None) -> DualRunResult:
-    """Run ``step`` on both paths from identical state; record, and return the comparison."""
+             ignore: IgnoreRules | None = None,
+             timeout_s: Optional[float] = None) -> DualRunResult:
+    """Run ``step`` on both paths from identical state; record, and return the comparison.
+
+    ``timeout_s`` (default XLA_DUAL_RUN_TIMEOUT, else none) bounds the shadow run: past it the
+    shadow is abandoned (see ``_run_shadow``) and recorded as a "shadow timed out" mismatch."""
+    if timeout_s is None:
+        timeout_s = settings.get().dual_run_timeout
     auth = authoritative_path(args, kwargs)
     shadow = shadow_of(auth)
     ignore = (ignore or IgnoreRules()) + IgnoreRules.from_settings()
@@ -204,16 +233,22 @@ def run_both(step, args: tuple, kwargs: dict, *, name: str, step_no: Optional[in
             a = _run(step, args, kwargs, auth)
         rng1 = _RngState.take()
         rng0.restore()
-        s = _run(step, s_args, s_kwargs, shadow)
+        s = _run_shadow(step, s_args, s_kwargs, shadow, timeout_s)
         rng1.restore()
     finally:
         _protected.remove(rng0.device)
 
     found: list[Mismatch] = []
-    exc = compare_exceptions(a.error, s.error, (auth, shadow))
+    timed_out = s is None
+    if timed_out:
+        found.append(Mismatch("shadow", "timeout", f"shadow timed out: the {shadow} path took "
+                              f"longer than {timeout_s:g} s and was abandoned (raise "
+                              f"XLA_DUAL_RUN_TIMEOUT if the step is just slow)"))
+        s = _Run(wall_s=float(timeout_s))
+    exc = None if timed_out else compare_exceptions(a.error, s.error, (auth, shadow))
     if exc is not None:
         found.append(exc)
-    if a.error is None and s.error is None:
+    if a.error is None and s.error is None and not timed_out:
         found += _compare_outputs(a.out, s.out, a_state, s_state)
         found += _compare_mutations(args, kwargs, s_args, s_kwargs, a_before, s_before)
     mismatches = tuple(m for m in found if not ignore.ignores_name(m.name))
@@ -318,16 +353,19 @@ def dual_run(step, *args, **kwargs) -> DualRunResult:
 
 
 def dual_run_step(fn=None, *, mode: str | None = None, rate: float | None = None,
-                  name: str | None = None, ignore: tuple[str, ...] = ()):
+                  name: str | None = None, ignore: tuple[str, ...] = (),
+                  timeout_s: float | None = None):
     """Decorator: the step dual-runs as the mode says (XLA_DUAL_RUN, or ``mode=``) and returns
     the authoritative result unchanged; ``last_result()`` holds the comparison.
 
     off: run once. sample: dual-run a ``rate`` fraction of calls, chosen by call number, the
     same calls on every rerun. strict: dual-run every call, raise MismatchError on a mismatch.
     lockstep: run once; the process-wide lockstep (XLA_DUAL_RUN=lockstep) compares op by op.
+    ``timeout_s`` (default XLA_DUAL_RUN_TIMEOUT) abandons a shadow run that takes longer.
     """
     if fn is None:
-        return functools.partial(dual_run_step, mode=mode, rate=rate, name=name, ignore=ignore)
+        return functools.partial(dual_run_step, mode=mode, rate=rate, name=name, ignore=ignore,
+                                 timeout_s=timeout_s)
     rules = IgnoreRules.parse(ignore)
     step_name = name or _step_name(fn)
 
@@ -342,6 +380,6 @@ def dual_run_step(fn=None, *, mode: str | None = None, rate: float | None = None
                 metrics.inc("DualRunSkipped")
             return wrapped(*args, **kwargs)
         return run_both(wrapped, args, kwargs, name=step_name, step_no=n, mode=m.name,
-                        strict=m.strict, ignore=rules).value
+                        strict=m.strict, ignore=rules, timeout_s=timeout_s).value
 
     return wrapper(fn)
