@@ -20,22 +20,47 @@ def arange(start, end=None, step=1, *, aval, **_):
     return cast(cast(start, acc) + i * cast(step, acc), aval.dtype)
 
 
-@lowering(aten.linspace.default, aten.linspace.out, static=True, meta=True)
+_RANGE = ("default", "out", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor", "Tensor_Tensor_out",
+          "Tensor_Scalar_out", "Scalar_Tensor_out")
+
+
+@lowering(*[getattr(aten.linspace, o) for o in _RANGE], static=True, meta=True)
 def linspace(start, end, steps, *, aval, **_):
     if steps == 1:
-        return jnp.full((1,), start, aval.dtype)
-    # Eager's kernel steps in the output type (double for integer outputs), from both ends.
+        return jnp.full((1,), cast(start, aval.dtype), aval.dtype).reshape(1)
+    # Eager's kernel converts the ends to the output type first (4.3 -> 4 for int64), then steps
+    # in the output type (double for integer outputs), from both ends.
     acc = aval.dtype if is_float(aval.dtype) else jnp.float64
-    s, e = cast(start, acc), cast(end, acc)
+    s, e = cast(cast(start, aval.dtype), acc), cast(cast(end, aval.dtype), acc)
     step = (e - s) / cast(steps - 1, acc)
     i = lax.iota(acc, steps)
     out = jnp.where(i < steps // 2, s + step * i, e - step * (cast(steps - 1, acc) - i))
     return cast(out, aval.dtype)
 
 
-@lowering(aten.full.default, aten.full_like.default, aten.new_full.default, meta=True)
+@lowering(*[getattr(aten.logspace, o) for o in _RANGE], static=True, meta=True)
+def logspace(start, end, steps, base=10.0, *, aval, **_):
+    """Eager's kernel: ends converted to the output type, then base ** (start + step * i) in
+    double (float for integer outputs), from both ends."""
+    if steps <= 1:  # eager fills with base ** start, start as given (not converted)
+        return jnp.full((steps,), jnp.power(cast(base, jnp.float64), cast(start, jnp.float64)),
+                        jnp.float64).astype(aval.dtype) if steps else jnp.zeros((0,), aval.dtype)
+    acc = jnp.float64 if is_float(aval.dtype) else jnp.float32
+    s, e = cast(start, aval.dtype), cast(end, aval.dtype)
+    step = cast(e - s, acc) / (steps - 1)
+    i = lax.iota(acc, steps)
+    s, e = cast(s, acc), cast(e, acc)
+    exponent = jnp.where(i < steps // 2, s + step * i, e - step * (steps - 1 - i))
+    return cast(jnp.power(cast(base, acc), exponent), aval.dtype)
+
+
+@lowering(aten.full.default, aten.full_like.default, meta=True)
 def full(*args, aval, **_):
-    value = args[1]
+    return jnp.full(aval.shape, cast(args[1], aval.dtype), aval.dtype)
+
+
+@lowering(aten.new_full.default, meta=True)
+def new_full(x, size, value, *, aval, **_):
     return jnp.full(aval.shape, cast(value, aval.dtype), aval.dtype)
 
 
