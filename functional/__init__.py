@@ -13,6 +13,7 @@ from xla_compat.lazy.ir import skip_frames_in
 from . import boundary as _boundary
 from .inner import FunctionalInner
 from .wrap import after_sync as _after_sync
+from .wrap import roll_back as _roll_back
 from .wrap import alias_id, before_sync, inner, owns, probe, to_path, wrap
 from .writes import FunctionalizationLimit
 
@@ -30,6 +31,7 @@ IMPL = _paths.PathImpl(
 _boundary.install()
 _paths.register(IMPL)
 _executor.register_rebinder(_after_sync)
+_executor.register_failure_hook(_roll_back)
 
 __all__ = ["FunctionalInner", "FunctionalizationLimit", "IMPL", "alias_id", "inner", "owns",
            "to_path", "wrap"]

@@ -4,14 +4,15 @@ The wrapper's Python type is plain ``torch.Tensor`` and it reports a storage, so
 ``__repr__`` prints ``_to_functional_tensor(...)`` of a possibly stale inner tensor, and
 ``__deepcopy__`` / ``__reduce_ex__`` take the storage route and crash. torch special-cases the
 ``xla`` device in these three places; we hook the same three places for our wrappers only and
-hand everything else to torch unchanged.
+hand everything else to torch unchanged. A fourth hook tracks ``nn.Parameter(wrapper)``: the
+parameter is a new wrapper object no factory saw, and a failed sync must roll it back.
 """
 from __future__ import annotations
 
 import torch
 import torch._tensor_str as _tensor_str
 
-from .wrap import owns
+from .wrap import owns, track
 
 _installed = False
 
@@ -29,7 +30,7 @@ def _repr_of(t: torch.Tensor) -> str:
 
 
 def install() -> None:
-    """Install the three hooks once (idempotent)."""
+    """Install the hooks once (idempotent)."""
     global _installed
     if _installed:
         return
@@ -60,6 +61,13 @@ def install() -> None:
             return self.detach().cpu().__reduce_ex__(proto)
         return torch_reduce_ex(self, proto)
 
+    torch_parameter_new = torch.nn.Parameter.__new__
+
+    def parameter_new(cls, data=None, requires_grad=True):
+        p = torch_parameter_new(cls, data, requires_grad)
+        return track(p) if owns(p) else p
+
     _tensor_str._str = _str
+    torch.nn.Parameter.__new__ = staticmethod(parameter_new)
     torch.Tensor.__deepcopy__ = __deepcopy__
     torch.Tensor.__reduce_ex__ = __reduce_ex__

@@ -86,7 +86,12 @@ def _copy_from_host(cls, func, args, kwargs):
     metrics.inc("TransferToDevice")
     # A private copy: device_put of host memory can alias it, and the caller may write `src` later.
     host = src.detach().to(dst.dtype).expand(dst.shape).clone(memory_format=torch.contiguous_format)
-    return cls(ir.leaf(_jax.from_torch(host)), tuple(dst.shape), dst.dtype)
+    out = cls(ir.leaf(_jax.from_torch(host)), tuple(dst.shape), dst.dtype)
+    aid = getattr(dst, "_alias_id", None)
+    if aid is not None:       # the wrapper's value if its first sync fails (see wrap.roll_back)
+        from .wrap import remember
+        remember(aid, out._value)
+    return out
 
 
 @handles(aten.as_strided_copy.default)

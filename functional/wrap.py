@@ -30,6 +30,9 @@ _alias_of_wrapper: dict[int, int] = {}
 # tensor returns to this value (the executor's rollback reads ``_last_data``).
 _last_by_alias: dict[int, object] = {}
 _alias_ids = itertools.count(1)
+# (weakref to wrapper, inner tensor with pending IR) for the wrappers the current sync computes:
+# if it fails, those wrappers' views must regenerate from the rolled-back values.
+_in_flight: list = []
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 
 
@@ -56,6 +59,11 @@ def track(w: torch.Tensor) -> torch.Tensor:
         inner_t = torch._from_functional_tensor(w)
         _alias_of_wrapper[key] = alias_id(inner_t)
     return w
+
+
+def remember(aid: int, value) -> None:
+    """``value`` (device data) is lineage ``aid``'s value before any sync: its rollback target."""
+    _last_by_alias.setdefault(aid, value)
 
 
 def wrap(t: LazyTensor) -> torch.Tensor:
@@ -118,6 +126,7 @@ def inner(t) -> LazyTensor:
 
 def after_sync(mapping) -> None:
     """Executor rebinder: remember each lineage's freshly materialised value (for rollback)."""
+    _in_flight.clear()
     for key, w in list(_wrappers.items()):
         aid = _alias_of_wrapper.get(key)
         if aid is None:
@@ -130,8 +139,23 @@ def after_sync(mapping) -> None:
 def before_sync(tensors=None) -> None:
     """Apply pending alias updates of ``tensors`` (every tracked wrapper when None)."""
     targets = list(_wrappers.values()) if tensors is None else [t for t in tensors if owns(t)]
+    _in_flight.clear()
     for w in targets:
-        sync_wrapper(w)
+        inner_t = sync_wrapper(w)
+        if not inner_t._value.node.is_leaf:
+            _in_flight.append((weakref.ref(w), inner_t))
+
+
+def roll_back(error) -> None:
+    """Executor failure hook: the core returned each in-flight inner tensor to its last value (or
+    poisoned it); committing that value as the wrapper's update makes its views regenerate from
+    it instead of keeping their own poisoned inner tensors."""
+    flights, _in_flight[:] = list(_in_flight), []
+    for ref, inner_t in flights:
+        w = ref()
+        if (w is not None and torch._from_functional_tensor(w) is inner_t
+                and inner_t._value is getattr(inner_t, "_last_data", None)):
+            torch._functionalize_commit_update(w)
 
 
 def probe() -> Optional[str]:
