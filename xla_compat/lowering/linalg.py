@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from ..lazy import tracer
 from ._helpers import acc_dtype, cast, is_float, to
 from .registry import aten, lowering
 
@@ -40,6 +41,18 @@ def addmm(inp, a, b, *, beta=1, alpha=1, aval):
 def addbmm(inp, a, b, *, beta=1, alpha=1, aval):
     prod = jnp.sum(_mm(a, b, aval.dtype), axis=0)
     return _scaled(jnp.broadcast_to(inp, aval.shape), prod, beta, alpha, aval.dtype)
+
+
+@tracer.special(aten.addbmm_.default)
+def addbmm_inplace(cls, func, args, kwargs):
+    """``x.addbmm_(b1, b2)`` with ``x`` merely broadcastable to the product: CPU eager resizes
+    ``x`` to the product's shape (its meta kernel raises instead)."""
+    x, b1, b2 = args[:3]
+    if b1.dim() != 3 or b2.dim() != 3 or tuple(x.shape) == (b1.shape[1], b2.shape[2]):
+        return tracer.trace_mutation(cls, func, args, kwargs)
+    out = aten.addbmm.default(x, b1, b2, *args[3:], **kwargs)
+    tracer.rebind(x, out._value)
+    return x
 
 
 @lowering(aten.addr.default, meta=True)
