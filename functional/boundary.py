@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch._tensor_str as _tensor_str
 
+from xla_compat.lazy.tensor import device_deepcopy
+
 from .wrap import owns, track
 
 _installed = False
@@ -47,13 +49,7 @@ def install() -> None:
     def __deepcopy__(self, memo):
         if not owns(self) or type(self) is not torch.Tensor:
             return torch_deepcopy(self, memo)
-        if id(self) in memo:
-            return memo[id(self)]
-        with torch.no_grad():
-            out = self.detach().clone()
-        out.requires_grad_(self.requires_grad)
-        memo[id(self)] = out
-        return out
+        return device_deepcopy(self, memo)
 
     def __reduce_ex__(self, proto):
         if owns(self) and type(self) is torch.Tensor:

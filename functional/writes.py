@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from xla_compat.lazy.ir import Aval, Node, Slot, Value
+from xla_compat.lowering.views import strided_index
 
 aten = torch.ops.aten
 
@@ -26,14 +27,7 @@ class FunctionalizationLimit(RuntimeError):
     """A view write or read the functional path cannot express with eager semantics."""
 
 
-def positions(size, stride, offset) -> np.ndarray:
-    """Storage position of every element of a tensor with this geometry (shape ``size``)."""
-    idx = np.full(tuple(size), offset, dtype=np.int64)
-    for d, (n, s) in enumerate(zip(size, stride)):
-        shape = [1] * len(size)
-        shape[d] = n
-        idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
-    return idx
+positions = strided_index  # storage position of every element of a geometry
 
 
 def is_plain(t: torch.Tensor) -> bool:

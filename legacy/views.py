@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xla_compat.lowering.views import _bitcast
+from xla_compat.lowering.views import _bitcast, diag_index
 
 
 class ViewStep:
@@ -93,15 +93,6 @@ class Select(ViewStep):
                                                self.dim)
 
 
-def _diag_index(shape, offset, d1, d2):
-    n1, n2 = shape[d1], shape[d2]
-    if offset >= 0:
-        length = max(min(n1, n2 - offset), 0)
-        return np.arange(length), np.arange(length) + offset
-    length = max(min(n1 + offset, n2), 0)
-    return np.arange(length) - offset, np.arange(length)
-
-
 @dataclass(frozen=True)
 class Diagonal(ViewStep):
     """diagonal(offset, dim1, dim2): the two dims go, the diagonal becomes the last dim."""
@@ -111,11 +102,11 @@ class Diagonal(ViewStep):
     dim2: int
 
     def apply(self, base):
-        i1, i2 = _diag_index(base.shape, self.offset, self.dim1, self.dim2)
+        i1, i2 = diag_index(base.shape, self.offset, self.dim1, self.dim2)
         return jnp.moveaxis(base, (self.dim1, self.dim2), (-2, -1))[..., i1, i2]
 
     def write_back(self, base, value):
-        i1, i2 = _diag_index(base.shape, self.offset, self.dim1, self.dim2)
+        i1, i2 = diag_index(base.shape, self.offset, self.dim1, self.dim2)
         moved = jnp.moveaxis(base, (self.dim1, self.dim2), (-2, -1))
         moved = moved.at[..., i1, i2].set(value.astype(base.dtype))
         return jnp.moveaxis(moved, (-2, -1), (self.dim1, self.dim2))

@@ -98,13 +98,18 @@ class LazyTensor(torch.Tensor):
         return self.detach().cpu().__reduce_ex__(proto)
 
     def __deepcopy__(self, memo):
-        if id(self) in memo:
-            return memo[id(self)]
-        with torch.no_grad():
-            out = self.detach().clone()
-        out.requires_grad_(self.requires_grad)
-        memo[id(self)] = out
-        return out
+        return device_deepcopy(self, memo)
+
+
+def device_deepcopy(t: torch.Tensor, memo: dict) -> torch.Tensor:
+    """``copy.deepcopy`` of a device tensor: a detached clone keeping ``requires_grad``."""
+    if id(t) in memo:
+        return memo[id(t)]
+    with torch.no_grad():
+        out = t.detach().clone()
+    out.requires_grad_(t.requires_grad)
+    memo[id(t)] = out
+    return out
 
 
 def path_checking_torch_function(cls, func, types, args=(), kwargs=None):

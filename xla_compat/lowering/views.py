@@ -126,7 +126,8 @@ def unbind(x, d=0):
     return [lax.index_in_dim(x, i, d, keepdims=False) for i in range(x.shape[d])]
 
 
-def _diag_index(shape, offset, d1, d2):
+def diag_index(shape, offset, d1, d2):
+    """Index arrays (along d1, along d2) of the diagonal ``offset`` of a tensor of ``shape``."""
     n1, n2 = shape[d1], shape[d2]
     if offset >= 0:
         length = max(min(n1, n2 - offset), 0)
@@ -138,7 +139,7 @@ def _diag_index(shape, offset, d1, d2):
 @lowering(aten.diagonal.default, aten.diagonal_copy.default)
 def diagonal(x, offset=0, dim1=0, dim2=1):
     d1, d2 = dim(dim1, x.ndim), dim(dim2, x.ndim)
-    i1, i2 = _diag_index(x.shape, offset, d1, d2)
+    i1, i2 = diag_index(x.shape, offset, d1, d2)
     moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
     return moved[..., i1, i2]
 
@@ -146,13 +147,14 @@ def diagonal(x, offset=0, dim1=0, dim2=1):
 @lowering(aten.diagonal_scatter.default)
 def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     d1, d2 = dim(dim1, x.ndim), dim(dim2, x.ndim)
-    i1, i2 = _diag_index(x.shape, offset, d1, d2)
+    i1, i2 = diag_index(x.shape, offset, d1, d2)
     moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
     moved = moved.at[..., i1, i2].set(src.astype(x.dtype))
     return jnp.moveaxis(moved, (-2, -1), (d1, d2))
 
 
-def _strided_index(size, stride, offset):
+def strided_index(size, stride, offset):
+    """Storage position of every element of a tensor with this geometry (shape ``size``)."""
     idx = np.full(tuple(size), offset, dtype=np.int64)
     for d, (n, s) in enumerate(zip(size, stride)):
         shape = [1] * len(size)
@@ -163,13 +165,13 @@ def _strided_index(size, stride, offset):
 
 @lowering(aten.as_strided.default, aten.as_strided_copy.default)
 def as_strided(x, size, stride, storage_offset=None):
-    idx = _strided_index(size, stride, storage_offset or 0)
+    idx = strided_index(size, stride, storage_offset or 0)
     return jnp.reshape(x, (-1,))[idx] if idx.size else jnp.zeros(tuple(size), x.dtype)
 
 
 @lowering(aten.as_strided_scatter.default)
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
-    idx = _strided_index(size, stride, storage_offset or 0)
+    idx = strided_index(size, stride, storage_offset or 0)
     flat = jnp.reshape(x, (-1,)).at[idx.reshape(-1)].set(jnp.reshape(src, (-1,)).astype(x.dtype))
     return flat.reshape(x.shape)
 
