@@ -41,10 +41,10 @@ def _c(v, like):
 def _float_unary(*ops):
     """Register ``fn(x)`` computed in the result dtype (ints promote to the default float)."""
     def register(fn):
-        @lowering(*ops, meta=True)
         def rule(x, *, aval):
             return fn(cast(x, aval.dtype))
-        rule.__name__ = fn.__name__
+        rule.__name__ = fn.__name__.lstrip("_")
+        lowering(*ops, meta=True)(rule)
         return fn
     return register
 
