@@ -12,7 +12,11 @@ from xla_compat.lowering.registry import aten
 
 from ._nn_check import check
 
-torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _seed_each_test():
+    torch.manual_seed(0)     # inputs do not depend on which tests ran before
 
 
 def test_norm_ops_have_rules():
@@ -43,8 +47,10 @@ def test_batch_norm_training_without_affine():
 
 
 def test_batch_norm_without_running_stats_uses_batch_statistics():
+    # dx = (dy - mean(dy) - proj) * invstd * w cancels to ~0 in places; such elements keep the
+    # rounding of the O(1) terms (a few 1e-7 each), so absolute 5e-6 on the input gradient.
     check(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
-          torch.randn(3, 4, 5, 2), torch.randn(4), torch.randn(4))
+          torch.randn(3, 4, 5, 2), torch.randn(4), torch.randn(4), grad_atol=5e-6)
 
 
 @pytest.mark.parametrize("shape", [(4, 3), (2, 3, 4, 5)])

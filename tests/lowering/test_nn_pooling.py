@@ -10,7 +10,11 @@ from xla_compat.lowering.registry import aten
 
 from ._nn_check import check
 
-torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _seed_each_test():
+    torch.manual_seed(0)     # inputs do not depend on which tests ran before
 
 
 def test_pool_ops_have_rules():

@@ -10,7 +10,11 @@ from xla_compat.lowering.registry import aten
 
 from ._nn_check import check
 
-torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _seed_each_test():
+    torch.manual_seed(0)     # inputs do not depend on which tests ran before
 
 
 def test_resample_ops_have_rules():
@@ -56,7 +60,10 @@ def test_upsample_nearest_1d_and_3d(mode):
 def test_upsample_bilinear2d_and_bicubic2d(align_corners, kw):
     x = torch.randn(2, 3, 4, 5)
     check(lambda x: F.interpolate(x, mode="bilinear", align_corners=align_corners, **kw), x)
-    check(lambda x: F.interpolate(x, mode="bicubic", align_corners=align_corners, **kw), x)
+    # Bicubic sums four taps with weights as large as 1.2 and of both signs: CPU eager itself is
+    # ~2e-6 from the float64 result on these inputs (checked), so it gets atol 5e-6.
+    check(lambda x: F.interpolate(x, mode="bicubic", align_corners=align_corners, **kw), x,
+          atol=5e-6, grad_atol=1e-5)
 
 
 @pytest.mark.parametrize("align_corners", [False, True])

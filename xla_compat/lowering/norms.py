@@ -92,23 +92,26 @@ def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_
         mean, invstd = save_mean.astype(dt), save_invstd.astype(dt)
     else:
         mean, invstd = running_mean.astype(dt), lax.rsqrt(running_var.astype(dt) + eps)
+    # Eager's form: dot = sum((x - mean) * dy), proj = (x - mean) * dot * invstd^2 / n,
+    # dx = (dy - mean(dy) - proj) * invstd * w; the same grouping keeps the rounding close.
     axes = (0,) + tuple(range(2, x.ndim))
     g = grad.astype(dt)
-    xhat = (x.astype(dt) - _channel(mean, x.ndim)) * _channel(invstd, x.ndim)
+    centered = x.astype(dt) - _channel(mean, x.ndim)
     gsum = jnp.sum(g, axis=axes)
-    dotp = jnp.sum(g * xhat, axis=axes)
+    dot = jnp.sum(centered * g, axis=axes)
     w = jnp.ones_like(invstd) if weight is None else weight.astype(dt)
     gi = None
     if output_mask[0]:
-        scale = _channel(w * invstd, x.ndim)
+        scale = _channel(invstd * w, x.ndim)
         if train:
             n = math.prod(x.shape[a] for a in axes)
-            gi = scale * (g - _channel(gsum / n, x.ndim) - xhat * _channel(dotp / n, x.ndim))
+            proj = centered * _channel(dot * invstd * invstd / n, x.ndim)
+            gi = (g - _channel(gsum / n, x.ndim) - proj) * scale
         else:
             gi = g * scale
         gi = gi.astype(x.dtype)
     return (gi,
-            dotp if output_mask[1] else None,
+            dot * invstd if output_mask[1] else None,
             gsum if output_mask[2] else None)
 
 
@@ -131,23 +134,33 @@ def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
 
 @lowering(aten.native_group_norm_backward.default, static=True)
 def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, output_mask):
+    """Eager's form: dx = rstd * w * dy + c2 * x + c3, with per-group c2, c3 from the sums
+    ds = sum(dy * x * w) and db = sum(dy * w)."""
     dt = acc_dtype(x.dtype)
-    xg = _grouped(x, n, c, hxw, group)
-    xhat = (xg - mean.astype(dt)[..., None]) * rstd.astype(dt)[..., None]
+    d = c // group
+    xc = x.astype(dt).reshape(n, c, hxw)
     g = grad.astype(dt).reshape(n, c, hxw)
-    xhat_c = xhat.reshape(n, c, hxw)
+    mean, rstd = mean.astype(dt), rstd.astype(dt)
+    ds_c, db_c = jnp.sum(g * xc, axis=2), jnp.sum(g, axis=2)     # [n, c]
+    w = jnp.ones((c,), dt) if weight is None else weight.astype(dt)
     gi = None
     if output_mask[0]:
-        gw = g if weight is None else g * weight.astype(dt)[None, :, None]
-        gw = gw.reshape(xhat.shape)
-        d = gw.shape[-1]
-        gi = rstd.astype(dt)[..., None] * (
-            gw - jnp.sum(gw, axis=-1, keepdims=True) / d
-            - xhat * jnp.sum(gw * xhat, axis=-1, keepdims=True) / d)
+        ds = jnp.sum((ds_c * w).reshape(n, group, d), axis=2)
+        db = jnp.sum((db_c * w).reshape(n, group, d), axis=2)
+        s = 1.0 / (d * hxw)
+        c2 = (db * mean - ds) * rstd * rstd * rstd * s
+        c3 = -c2 * mean - db * rstd * s
+        c1 = (rstd[:, :, None] * w.reshape(group, d)[None]).reshape(n, c)
+        gi = (c1[..., None] * g + jnp.repeat(c2, d, axis=1)[..., None] * xc
+              + jnp.repeat(c3, d, axis=1)[..., None])
         gi = gi.reshape(x.shape).astype(x.dtype)
-    dw = jnp.sum(g * xhat_c, axis=(0, 2)) if output_mask[1] else None
-    db = jnp.sum(g, axis=(0, 2)) if output_mask[2] else None
-    return gi, dw, db
+    dw = db_b = None
+    if output_mask[1]:
+        m, r = jnp.repeat(mean, d, axis=1), jnp.repeat(rstd, d, axis=1)
+        dw = jnp.sum((ds_c - db_c * m) * r, axis=0)
+    if output_mask[2]:
+        db_b = jnp.sum(db_c, axis=0)
+    return gi, dw, db_b
 
 
 # -- layer norm -----------------------------------------------------------------------------------
@@ -173,18 +186,25 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 
 @lowering(aten.native_layer_norm_backward.default, static=True)
 def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    """Eager's form: dx = rstd * w * dy + b * x + c, with b, c from ds = sum(dy * w * x) and
+    db = sum(dy * w) over the normalised dims."""
+    dt = acc_dtype(x.dtype)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     n = math.prod(x.shape[a] for a in axes)
-    xhat = (x - mean) * rstd
-    g = grad if weight is None else grad * weight
-    dx = rstd / n * (n * g - jnp.sum(g, axis=axes, keepdims=True)
-                     - xhat * jnp.sum(g * xhat, axis=axes, keepdims=True))
+    xf, g = x.astype(dt), grad.astype(dt)
+    mean, rstd = mean.astype(dt), rstd.astype(dt)
+    gw = g if weight is None else g * weight.astype(dt)
+    gi = None
+    if output_mask[0]:
+        ds = jnp.sum(gw * xf, axis=axes, keepdims=True)
+        db = jnp.sum(gw, axis=axes, keepdims=True)
+        b = (db * mean - ds) * rstd * rstd * rstd / n
+        c = -b * mean - db * rstd / n
+        gi = (rstd * gw + b * xf + c).astype(x.dtype)
     lead = tuple(range(x.ndim - len(normalized_shape)))
-    dw = jnp.sum(grad * xhat, axis=lead) if weight is not None else None
-    db = jnp.sum(grad, axis=lead) if bias is not None else None
+    dw = jnp.sum(g * (xf - mean) * rstd, axis=lead) if weight is not None else None
+    db_ = jnp.sum(g, axis=lead) if bias is not None else None
     # Outputs not asked for are undefined tensors (None) in PyTorch.
-    return (dx.astype(x.dtype) if output_mask[0] else None,
+    return (gi,
             dw.astype(weight.dtype) if output_mask[1] and dw is not None else None,
-            db.astype(bias.dtype) if output_mask[2] and db is not None else None)
-
-
+            db_.astype(bias.dtype) if output_mask[2] and db_ is not None else None)

@@ -132,7 +132,9 @@ def _interpolate(x, output_size, align_corners, scales, taps):
     scales = list(scales) + [None] * (n - len(scales))
     t = _opmath(x.dtype)
     y = x.astype(acc_dtype(x.dtype))
-    for d, (n_out, s) in enumerate(zip(output_size, scales)):
+    # Last dim first: eager nests the interpolation the same way (rounding follows it).
+    for d in reversed(range(n)):
+        n_out, s = output_size[d], scales[d]
         ax = y.ndim - n + d
         acc = None
         for idx, w in taps(y.shape[ax], n_out, align_corners, s, t):
@@ -232,7 +234,13 @@ def channel_shuffle(x, groups):
 # -- grid_sampler (F.grid_sample): mode 0 bilinear, 1 nearest, 2 bicubic; padding 0 zeros,
 #    1 border, 2 reflection ------------------------------------------------------------------------
 
-def _unnormalize(c, size, align_corners):
+def _unnormalize(c, size, align_corners, vectorized):
+    """Grid coordinate in [-1, 1] -> input index space, as eager's 2-d (vectorized) or 3-d
+    kernel writes it."""
+    if vectorized:
+        if align_corners:
+            return (c + 1) * ((size - 1) / 2)
+        return (c + 1) * (size / 2) - 0.5
     if align_corners:
         return (c + 1) / 2 * (size - 1)
     return ((c + 1) * size - 1) / 2
@@ -275,7 +283,7 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
     strides = [int(np.prod(sizes[d + 1:])) for d in range(n)]
     # Grid components are (x, y[, z]): the last spatial dim comes first.
     coords = [grid[..., n - 1 - d].astype(x.dtype) for d in range(n)]
-    src = [_unnormalize(cd, sizes[d], align_corners) for d, cd in enumerate(coords)]
+    src = [_unnormalize(cd, sizes[d], align_corners, n == 2) for d, cd in enumerate(coords)]
 
     def gather(idx):
         valid = jnp.ones(out_sp, bool)[None]
@@ -286,17 +294,17 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
         v = jnp.take_along_axis(flat_x, flat.reshape(nb, 1, -1), axis=2).reshape((nb, c) + out_sp)
         return jnp.where(valid[:, None], v, jnp.zeros((), x.dtype))
 
-    if mode == 2:
-        base = [jnp.floor(s) for s in src]
-        coeffs = [_cubic_coeffs(s - b) for s, b in zip(src, base)]
+    if mode == 2:   # bicubic, 2-d only: along x within each of 4 rows, then along y
+        (by, bx) = (jnp.floor(s) for s in src)
+        cy, cx = _cubic_coeffs(src[0] - by), _cubic_coeffs(src[1] - bx)
         out = 0
-        for taps in itertools.product(range(4), repeat=n):
-            idx = [_pad_coord(b - 1 + k, sizes[d], padding_mode, align_corners)
-                   for d, (b, k) in enumerate(zip(base, taps))]
-            w = 1
-            for d, k in enumerate(taps):
-                w = w * coeffs[d][k]
-            out = out + gather(idx) * w[:, None]
+        for j in range(4):
+            iy = _pad_coord(by - 1 + j, sizes[0], padding_mode, align_corners)
+            row = 0
+            for i in range(4):
+                ix = _pad_coord(bx - 1 + i, sizes[1], padding_mode, align_corners)
+                row = row + gather([iy, ix]) * cx[i][:, None]
+            out = out + row * cy[j][:, None]
         return out
     src = [_pad_coord(s, sizes[d], padding_mode, align_corners) for d, s in enumerate(src)]
     if mode == 1:
