@@ -99,9 +99,24 @@ def _as_strided(cls, func, args, kwargs):
     x, size, stride, *rest = args
     offset = kwargs.get("storage_offset", rest[0] if rest else None)
     if writes.is_plain(x):
+        _check_within(x, tuple(size), tuple(stride), 0 if offset is None else offset)
         return NotImplemented
     tracer.run_meta(func, args, kwargs)
     return writes.as_strided_read(cls, x, tuple(size), tuple(stride), offset)
+
+
+def _check_within(x, size, stride, offset) -> None:
+    """Eager's ``setStorage`` bounds check, against the elements ``x`` holds.
+
+    The inner tensor of a view holds only the view's elements, so where the wrapper is a view of
+    a larger base eager would read the base: that is the functional path's limit, said so."""
+    need = strides.storage_extent(size, stride, offset)
+    if need > x.numel():
+        raise writes.FunctionalizationLimit(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset} "
+            f"require a storage of {need} elements, out of bounds for the {x.numel()} elements "
+            f"of the tensor as_strided was called on. (xla_compat, functional path: if that "
+            f"tensor is a view of a larger base, call as_strided on the base instead.)")
 
 
 @handles(aten.as_strided_scatter.default)

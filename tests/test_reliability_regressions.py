@@ -59,11 +59,7 @@ def test_write_to_an_expanded_view_raises_like_eager(path, dev, request):
     assert base.item() == 1.0
 
 
-def test_as_strided_beyond_the_storage_raises_like_eager(path, dev, request):
-    if path == "functional":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open bug (reported): the functional path accepts as_strided geometries beyond the "
-            "storage (eager raises setStorage: ... out of bounds)")))
+def test_as_strided_beyond_the_storage_raises_like_eager(path, dev):
     t = torch.tensor(1.).to(dev)
     with pytest.raises(RuntimeError, match="setStorage"):
         t.as_strided((3,), (2,), 0)
