@@ -183,6 +183,12 @@ def _avals(metas) -> tuple:
     return tuple(Aval(tuple(m.shape), _jax.to_jax_dtype(m.dtype)) for m in metas)
 
 
+@functools.lru_cache(maxsize=None)
+def op_name(func) -> str:
+    """"aten.add.Tensor" (OpOverload.__str__ formats it anew on every call)."""
+    return str(func)
+
+
 def make_node(func, rule: registry.Rule, args, kwargs, out_metas) -> Node:
     """A node applying ``rule`` to ``args``; its outputs are described by ``out_metas``."""
     tb = _Template(func, lift=not rule.static)
@@ -195,7 +201,7 @@ def make_node(func, rule: registry.Rule, args, kwargs, out_metas) -> Node:
         inputs = inputs + [rng.state()]
         avals = avals + (rng.STATE_AVAL,)
     source = ir.user_frame() if settings.get().ir_debug else None
-    node = Node(str(func), rule, targs, tkwargs, tuple(inputs), avals, source)
+    node = Node(op_name(func), rule, targs, tkwargs, tuple(inputs), avals, source)
     if rule.random:
         from . import rng
         rng.advance(Value(node, len(avals) - 1))
