@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 from jax import lax
 
+from ..lazy import tracer
 from . import _special_tables as tab
 from ._helpers import cast, to
 from .registry import aten, lowering
@@ -38,11 +39,16 @@ def _c(v, like):
     return jnp.asarray(v, like.dtype)
 
 
+def _opmath(dtype):
+    """Eager's CPU kernels compute bfloat16/float16 in float32 and round the result once."""
+    return jnp.float32 if dtype in (jnp.bfloat16, jnp.float16) else dtype
+
+
 def _float_unary(*ops):
     """Register ``fn(x)`` computed in the result dtype (ints promote to the default float)."""
     def register(fn):
         def rule(x, *, aval):
-            return fn(cast(x, aval.dtype))
+            return cast(fn(cast(x, _opmath(aval.dtype))), aval.dtype)
         rule.__name__ = fn.__name__.lstrip("_")
         lowering(*ops, meta=True)(rule)
         return fn
@@ -304,8 +310,9 @@ def entr(x):
 @lowering(aten.special_xlog1py.default, aten.special_xlog1py.self_scalar,
           aten.special_xlog1py.other_scalar, meta=True)
 def xlog1py(x, y, *, aval):
-    x, y = to(aval.dtype, x, y)
-    return jnp.where(jnp.isnan(y), y, jnp.where(x == 0, jnp.zeros((), aval.dtype), x * jnp.log1p(y)))
+    x, y = to(_opmath(aval.dtype), x, y)
+    out = jnp.where(jnp.isnan(y), y, jnp.where(x == 0, jnp.zeros((), x.dtype), x * jnp.log1p(y)))
+    return cast(out, aval.dtype)
 
 
 # -- gamma family ----------------------------------------------------------------------------------
@@ -398,14 +405,14 @@ def _digamma(x):
 
 @lowering(aten.polygamma.default, aten.special_polygamma.default, meta=True)
 def polygamma(n, x, *, aval):
-    x = cast(x, aval.dtype)
+    x = cast(x, _opmath(aval.dtype))
     if n == 0:
-        return _digamma(x)
+        return cast(_digamma(x), aval.dtype)
     if n == 1:
-        return _trigamma(x)
+        return cast(_trigamma(x), aval.dtype)
     sign = 1.0 if n % 2 else -1.0
     z = _zeta(jnp.full(x.shape, n + 1, jnp.float64), x.astype(jnp.float64)).astype(x.dtype)
-    return _c(sign, x) * jnp.exp(lax.lgamma(_c(n + 1.0, x))) * z
+    return cast(_c(sign, x) * jnp.exp(lax.lgamma(_c(n + 1.0, x))) * z, aval.dtype)
 
 
 _float_unary(aten.digamma, aten.special_digamma, aten.special_psi)(_digamma)
@@ -413,10 +420,10 @@ _float_unary(aten.digamma, aten.special_digamma, aten.special_psi)(_digamma)
 
 @lowering(aten.mvlgamma.default, aten.special_multigammaln.default, meta=True)
 def mvlgamma(x, p, *, aval):
-    x = cast(x, aval.dtype)
-    j = jnp.arange(p, dtype=aval.dtype) / 2
+    x = cast(x, _opmath(aval.dtype))
+    j = jnp.arange(p, dtype=x.dtype) / 2
     const = p * (p - 1) / 4 * math.log(math.pi)
-    return jnp.sum(lax.lgamma(x[..., None] - j), axis=-1) + _c(const, x)
+    return cast(jnp.sum(lax.lgamma(x[..., None] - j), axis=-1) + _c(const, x), aval.dtype)
 
 
 def _igamma_edges(a, x, value, upper):
@@ -432,20 +439,22 @@ def _igamma_edges(a, x, value, upper):
 
 @lowering(aten.igamma.default, aten.special_gammainc.default, meta=True)
 def igamma(a, x, *, aval):
-    a, x = jnp.broadcast_arrays(*to(aval.dtype, a, x))
-    return _igamma_edges(a, x, jsp.gammainc(jnp.where(a > 0, a, 1), jnp.where(x > 0, x, 1)), False)
+    a, x = jnp.broadcast_arrays(*to(_opmath(aval.dtype), a, x))
+    value = jsp.gammainc(jnp.where(a > 0, a, 1), jnp.where(x > 0, x, 1))
+    return cast(_igamma_edges(a, x, value, False), aval.dtype)
 
 
 @lowering(aten.igammac.default, aten.special_gammaincc.default, meta=True)
 def igammac(a, x, *, aval):
-    a, x = jnp.broadcast_arrays(*to(aval.dtype, a, x))
-    return _igamma_edges(a, x, jsp.gammaincc(jnp.where(a > 0, a, 1), jnp.where(x > 0, x, 1)), True)
+    a, x = jnp.broadcast_arrays(*to(_opmath(aval.dtype), a, x))
+    value = jsp.gammaincc(jnp.where(a > 0, a, 1), jnp.where(x > 0, x, 1))
+    return cast(_igamma_edges(a, x, value, True), aval.dtype)
 
 
 # -- orthogonal polynomials ------------------------------------------------------------------------
 
 def _poly_args(x, n, dtype):
-    x, n = jnp.broadcast_arrays(*to(dtype, x, n))
+    x, n = jnp.broadcast_arrays(*to(_opmath(dtype), x, n))
     if jnp.issubdtype(n.dtype, jnp.floating):
         n = jnp.where(jnp.isfinite(n), n, -1)   # eager's int cast of inf/nan is unspecified
     return x, n.astype(jnp.int64)
@@ -563,3 +572,11 @@ def legendre_polynomial_p(x, n, *, aval):
     out = jnp.where(jnp.abs(x) == 1, jnp.where((x > 0) | (n % 2 == 0), 1, -1), _finish(n, out, x, x))
     return jnp.where(n < 0, 0, out).astype(x.dtype)
 
+
+
+# polygamma_(self, n) lists its arguments in the other order than polygamma(n, self), so the
+# tracer cannot pair it with its functional variant: compute out of place and write back.
+@tracer.special(aten.polygamma_.default)
+def _polygamma_inplace(cls, func, args, kwargs):
+    b = tracer._bind(func, args, kwargs)
+    return aten.copy_.default(b["self"], aten.polygamma.default(b["n"], b["self"]))
