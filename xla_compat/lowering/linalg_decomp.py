@@ -197,21 +197,14 @@ def is_vector_rhs(a_shape, b_shape) -> bool:
 
 @lowering(aten._linalg_solve_ex.default, meta=True)
 def linalg_solve_ex(a, b, *, left=True, check_errors=False, aval):
-    """Like eager, a real A is factored transposed (A^T = P L U) and solved with adjoint=True:
-    the LU and pivots outputs (which autograd reuses) are those of A^T."""
+    """The LU and pivots outputs (which autograd reuses) are those of A itself, as in eager."""
     vector = is_vector_rhs(a.shape, b.shape)
-    use_at = not jnp.iscomplexobj(a)
-    lu, piv, perm = lu_factor(mT(a) if use_at else a)
+    lu, piv, perm = lu_factor(a)
     rhs = b[..., None] if vector else b
-    if left:
-        x = lu_solve(lu, perm, rhs, adjoint=use_at)
-    else:
-        x = mH(lu_solve(lu, perm, mH(rhs), adjoint=not use_at))
+    x = lu_solve(lu, perm, rhs) if left else mH(lu_solve(lu, perm, mH(rhs), adjoint=True))
     x = x[..., 0] if vector else x
-    lu_aval, piv_aval = aval[1], aval[2]
-    return (jnp.broadcast_to(x, aval[0].shape), jnp.broadcast_to(lu, lu_aval.shape),
-            jnp.broadcast_to(piv + 1, piv_aval.shape),
-            jnp.broadcast_to(lu_info(lu), aval[3].shape))
+    return (jnp.broadcast_to(x, aval[0].shape), jnp.broadcast_to(lu, aval[1].shape),
+            jnp.broadcast_to(piv + 1, aval[2].shape), jnp.broadcast_to(lu_info(lu), aval[3].shape))
 
 
 @tracer.special(aten._linalg_check_errors.default)
