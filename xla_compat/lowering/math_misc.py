@@ -113,6 +113,7 @@ def angle(x, *, aval):
                                                  jnp.zeros((), aval.dtype)))
 
 
+
 # -- renorm ----------------------------------------------------------------------------------------
 
 @lowering(aten.renorm.default, meta=True, static=True)
