@@ -7,16 +7,24 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ._helpers import cast, is_float, is_int, to
 from .registry import aten, lowering
 
 
+def compute_dtype(dtype):
+    """Eager's CPU kernels compute bfloat16/float16 math in float32 and round once at the end."""
+    return jnp.float32 if dtype in (jnp.bfloat16, jnp.float16) else dtype
+
+
 def _unary(op, fn, *, float_only=False):
     @lowering(op, meta=True)
     def rule(x, *args, aval, **kwargs):
-        return fn(cast(x, aval.dtype) if float_only or is_float(aval.dtype) else x)
+        if float_only or is_float(aval.dtype):
+            return cast(fn(cast(x, compute_dtype(aval.dtype))), aval.dtype)
+        return fn(x)
     rule.__name__ = str(op).split(".")[1]
     return rule
 
@@ -85,30 +93,44 @@ def round_decimals(x, *, decimals=0):
 
 # -- binary arithmetic ----------------------------------------------------------------------------
 
+def _scaled(y, alpha, dtype):
+    """``y * alpha`` unless alpha is the literal 1 (a runtime scalar multiplies: it may change)."""
+    return y if type(alpha) is int and alpha == 1 else y * cast(alpha, dtype)
+
+
 @lowering(aten.add.Tensor, aten.add.Scalar, meta=True)
 def add(x, y, *, alpha=1, aval):
-    x, y = to(aval.dtype, x, y)
     if aval.dtype == jnp.bool_:
+        x, y = to(aval.dtype, x, y)
         return x | (y & (cast(alpha, jnp.bool_)))
-    return x + y * cast(alpha, aval.dtype)
+    acc = compute_dtype(aval.dtype)
+    x, y = to(acc, x, y)
+    return cast(x + _scaled(y, alpha, acc), aval.dtype)
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar, meta=True)
 def sub(x, y, *, alpha=1, aval):
-    x, y = to(aval.dtype, x, y)
-    return x - y * cast(alpha, aval.dtype)
+    acc = compute_dtype(aval.dtype)
+    x, y = to(acc, x, y)
+    return cast(x - _scaled(y, alpha, acc), aval.dtype)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar, meta=True)
 def rsub(x, y, *, alpha=1, aval):
-    x, y = to(aval.dtype, x, y)
-    return y - x * cast(alpha, aval.dtype)
+    acc = compute_dtype(aval.dtype)
+    x, y = to(acc, x, y)
+    return cast(y - _scaled(x, alpha, acc), aval.dtype)
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar, meta=True)
 def mul(x, y, *, aval):
     x, y = to(aval.dtype, x, y)
     return x & y if aval.dtype == jnp.bool_ else x * y
+
+
+def _same_shape(aval, *xs):
+    """lax's integer div/rem do not broadcast."""
+    return tuple(jnp.broadcast_to(x, aval.shape) for x in xs)
 
 
 def _floor_div_int(x, y):
@@ -125,7 +147,7 @@ def div(x, y, *, aval):
 
 @lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, meta=True)
 def div_mode(x, y, *, rounding_mode=None, aval):
-    x, y = to(aval.dtype, x, y)
+    x, y = _same_shape(aval, *to(aval.dtype, x, y))
     if rounding_mode is None:
         return x / y
     if is_int(aval.dtype):
@@ -149,13 +171,13 @@ def _python_floor_div(x, y):
 
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar, meta=True)
 def floor_divide(x, y, *, aval):
-    x, y = to(aval.dtype, x, y)
+    x, y = _same_shape(aval, *to(aval.dtype, x, y))
     return _floor_div_int(x, y) if is_int(aval.dtype) else _python_floor_div(x, y)
 
 
 @lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, meta=True)
 def remainder(x, y, *, aval):
-    x, y = to(aval.dtype, x, y)
+    x, y = _same_shape(aval, *to(aval.dtype, x, y))
     if is_int(aval.dtype):
         r = lax.rem(x, y)
         return jnp.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
@@ -165,7 +187,7 @@ def remainder(x, y, *, aval):
 
 @lowering(aten.fmod.Tensor, aten.fmod.Scalar, meta=True)
 def fmod(x, y, *, aval):
-    x, y = to(aval.dtype, x, y)
+    x, y = _same_shape(aval, *to(aval.dtype, x, y))
     return lax.rem(x, y) if is_int(aval.dtype) else jnp.fmod(x, y)
 
 
@@ -176,20 +198,42 @@ def pow_tt(x, y, *, aval):
 
 
 def _pow(x, y):
-    if is_int(x.dtype):
-        return lax.pow(x, y) if jnp.issubdtype(y.dtype, jnp.integer) else jnp.power(x, y)
-    return jnp.power(x, y)
+    if is_int(x.dtype) or x.dtype == jnp.bool_:
+        return _powi(x, cast(y, x.dtype))
+    acc = compute_dtype(x.dtype)
+    return cast(jnp.power(cast(x, acc), cast(y, acc)), x.dtype)
+
+
+def _powi(x, y):
+    """Eager's integer power: square-and-multiply with wrap-around; a negative exponent gives
+    1 for base 1, +-1 for base -1 and 0 otherwise."""
+    if x.dtype == jnp.bool_:
+        return x | ~y
+    x, y = jnp.broadcast_arrays(x, y)
+    bits = np.dtype(x.dtype).itemsize * 8
+
+    def body(_, state):
+        result, base, e = state
+        result = jnp.where((e & 1) == 1, result * base, result)
+        return result, base * base, e >> 1
+
+    one = jnp.ones((), x.dtype)
+    result, _, _ = lax.fori_loop(0, bits, body, (jnp.ones_like(x), x, jnp.maximum(y, 0)))
+    negative = jnp.where(x == 1, one, jnp.where(x == -1, jnp.where(y % 2 == 0, one, -one),
+                                                 jnp.zeros((), x.dtype)))
+    return jnp.where(y < 0, negative, result)
 
 
 @lowering(aten.pow.Tensor_Scalar, meta=True, static=True)
 def pow_ts(x, exponent, *, aval):
-    x = cast(x, aval.dtype)
+    x = cast(x, compute_dtype(aval.dtype))
     if isinstance(exponent, int) and not isinstance(exponent, bool):
         if exponent >= 0 or is_float(aval.dtype):
-            return lax.integer_pow(x, exponent) if abs(exponent) <= 64 else jnp.power(x, exponent)
+            out = lax.integer_pow(x, exponent) if abs(exponent) <= 64 else jnp.power(x, exponent)
+            return cast(out, aval.dtype)
     if exponent == 0.5 and is_float(aval.dtype):
-        return jnp.sqrt(x)
-    return jnp.power(x, cast(exponent, aval.dtype))
+        return cast(jnp.sqrt(x), aval.dtype)
+    return _pow(cast(x, aval.dtype), cast(exponent, aval.dtype))
 
 
 @lowering(aten.pow.Scalar, meta=True)
@@ -249,22 +293,24 @@ def fmin(x, y, *, aval):
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor, meta=True)
 def lerp(x, end, weight, *, aval):
-    x, end, weight = to(aval.dtype, x, end, weight)
+    x, end, weight = to(compute_dtype(aval.dtype), x, end, weight)
     # torch switches formula at |weight| >= 0.5 for accuracy at the end points.
-    return jnp.where(jnp.abs(weight) < 0.5, x + weight * (end - x),
-                     end - (end - x) * (1 - weight))
+    return cast(jnp.where(jnp.abs(weight) < 0.5, x + weight * (end - x),
+                          end - (end - x) * (1 - weight)), aval.dtype)
 
 
 @lowering(aten.addcmul.default, meta=True)
 def addcmul(x, t1, t2, *, value=1, aval):
-    x, t1, t2 = to(aval.dtype, x, t1, t2)
-    return x + cast(value, aval.dtype) * t1 * t2
+    acc = compute_dtype(aval.dtype)
+    x, t1, t2 = to(acc, x, t1, t2)
+    return cast(x + cast(value, acc) * t1 * t2, aval.dtype)
 
 
 @lowering(aten.addcdiv.default, meta=True)
 def addcdiv(x, t1, t2, *, value=1, aval):
-    x, t1, t2 = to(aval.dtype, x, t1, t2)
-    return x + cast(value, aval.dtype) * (t1 / t2)
+    acc = compute_dtype(aval.dtype)
+    x, t1, t2 = to(acc, x, t1, t2)
+    return cast(x + cast(value, acc) * (t1 / t2), aval.dtype)
 
 
 # -- comparisons and logic -------------------------------------------------------------------------
@@ -310,27 +356,6 @@ def logical_xor(x, y):
     return (x != 0) ^ (y != 0)
 
 
-def _bitwise(ops, fn):
-    @lowering(*ops, meta=True)
-    def rule(x, y, *, aval):
-        return fn(*to(aval.dtype, x, y))
-    rule.__name__ = fn.__name__
-    return rule
-
-
-_bitwise((aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.__and__.Tensor,
-          aten.__and__.Scalar), jnp.bitwise_and)
-_bitwise((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.__or__.Tensor,
-          aten.__or__.Scalar), jnp.bitwise_or)
-_bitwise((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.__xor__.Tensor,
-          aten.__xor__.Scalar), jnp.bitwise_xor)
-
-
-@lowering(aten.bitwise_not.default)
-def bitwise_not(x):
-    return ~x
-
-
 @lowering(aten.isnan.default)
 def isnan(x):
     return jnp.isnan(x) if is_float(x.dtype) else jnp.zeros(x.shape, bool)
@@ -359,6 +384,16 @@ def isneginf(x):
 @lowering(aten.signbit.default)
 def signbit(x):
     return jnp.signbit(x) if x.dtype != jnp.bool_ else jnp.zeros(x.shape, bool)
+
+
+@lowering(aten.angle.default, meta=True)
+def angle(x, *, aval):
+    """Real inputs: pi below zero, 0 otherwise, NaN stays NaN."""
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return cast(jnp.angle(x), aval.dtype)
+    x = cast(x, aval.dtype)
+    return jnp.where(x < 0, jnp.asarray(np.pi, aval.dtype),
+                     jnp.where(jnp.isnan(x), x, jnp.zeros((), aval.dtype)))
 
 
 @lowering(aten.nan_to_num.default, static=True, meta=True)

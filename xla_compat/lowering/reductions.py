@@ -1,6 +1,7 @@
 """Reductions: sum/mean/prod, min/max/argmin/argmax, var/std, norms, logsumexp, any/all, cumulative ops."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -30,6 +31,8 @@ def mean(x, d=None, keepdim=False, *, dtype=None, aval):
 @lowering(aten.prod.default, aten.prod.dim_int, meta=True)
 def prod(x, d=None, keepdim=False, *, dtype=None, aval):
     x = cast(x, acc_dtype(aval.dtype))
+    if x.ndim == 0:
+        return x
     return jnp.prod(x, axis=None if d is None else dim(d, x.ndim), keepdims=keepdim)
 
 
@@ -155,16 +158,25 @@ def vector_norm(x, ord=2, d=None, keepdim=False, *, dtype=None, aval):
     return jnp.sum(x ** ord, axis=ax, keepdims=keepdim) ** (1.0 / ord)
 
 
+@lowering(aten.dist.default, static=True, meta=True)
+def dist(x, other, p=2, *, aval):
+    """``norm(x - other, p)`` over the broadcast difference, accumulated like vector_norm."""
+    acc = acc_dtype(aval.dtype)
+    diff = cast(x, acc) - cast(other, acc)
+    return cast(vector_norm(diff, p, None, False, aval=jax.ShapeDtypeStruct((), acc)), aval.dtype)
+
+
 @lowering(aten.cumsum.default, meta=True)
 def cumsum(x, d, *, dtype=None, aval):
-    x = cast(x, aval.dtype)
-    return jnp.cumsum(x, axis=dim(d, x.ndim)) if x.ndim else x
+    # Eager accumulates bfloat16/float16 in float32 and rounds each running value once.
+    x = cast(x, acc_dtype(aval.dtype))
+    return cast(jnp.cumsum(x, axis=dim(d, x.ndim)) if x.ndim else x, aval.dtype)
 
 
 @lowering(aten.cumprod.default, meta=True)
 def cumprod(x, d, *, dtype=None, aval):
-    x = cast(x, aval.dtype)
-    return jnp.cumprod(x, axis=dim(d, x.ndim)) if x.ndim else x
+    x = cast(x, acc_dtype(aval.dtype))
+    return cast(jnp.cumprod(x, axis=dim(d, x.ndim)) if x.ndim else x, aval.dtype)
 
 
 def _cum_extreme(x, d, op):
