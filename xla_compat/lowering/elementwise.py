@@ -386,16 +386,6 @@ def signbit(x):
     return jnp.signbit(x) if x.dtype != jnp.bool_ else jnp.zeros(x.shape, bool)
 
 
-@lowering(aten.angle.default, meta=True)
-def angle(x, *, aval):
-    """Real inputs: pi below zero, 0 otherwise, NaN stays NaN."""
-    if jnp.issubdtype(x.dtype, jnp.complexfloating):
-        return cast(jnp.angle(x), aval.dtype)
-    x = cast(x, aval.dtype)
-    return jnp.where(x < 0, jnp.asarray(np.pi, aval.dtype),
-                     jnp.where(jnp.isnan(x), x, jnp.zeros((), aval.dtype)))
-
-
 @lowering(aten.nan_to_num.default, static=True, meta=True)
 def nan_to_num(x, nan=None, posinf=None, neginf=None, *, aval):
     if not is_float(x.dtype):
