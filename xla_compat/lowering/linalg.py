@@ -14,9 +14,13 @@ from .registry import aten, lowering
 HIGHEST = lax.Precision.HIGHEST
 
 
-def _mm(a, b, out_dtype):
-    acc = acc_dtype(out_dtype) if is_float(out_dtype) else out_dtype
-    return cast(jnp.matmul(a, b, precision=HIGHEST, preferred_element_type=acc), out_dtype)
+def _acc(out_dtype):
+    return acc_dtype(out_dtype) if is_float(out_dtype) else out_dtype
+
+
+def _mm(a, b, out_dtype, keep_acc=False):
+    prod = jnp.matmul(a, b, precision=HIGHEST, preferred_element_type=_acc(out_dtype))
+    return prod if keep_acc else cast(prod, out_dtype)
 
 
 @lowering(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.dot.default,
@@ -26,15 +30,19 @@ def mm(a, b, *, aval):
 
 
 def _scaled(inp, prod, beta, alpha, dtype):
-    prod = prod * cast(alpha, dtype)
+    """beta * inp + alpha * prod computed in the accumulation dtype, rounded once to ``dtype``:
+    eager's CPU kernels for bfloat16/half do the same (float opmath, one store)."""
+    acc = _acc(dtype)
+    prod = cast(prod, acc) * cast(alpha, acc)
     # beta == 0 ignores inp entirely (NaNs in it do not propagate), as in eager.
-    scaled = jnp.where(beta == 0, jnp.zeros_like(prod), cast(inp, dtype) * cast(beta, dtype))
-    return scaled + prod
+    scaled = jnp.where(beta == 0, jnp.zeros_like(prod), cast(inp, acc) * cast(beta, acc))
+    return cast(scaled + prod, dtype)
 
 
 @lowering(aten.addmm.default, aten.addmv.default, aten.baddbmm.default, meta=True)
 def addmm(inp, a, b, *, beta=1, alpha=1, aval):
-    return _scaled(jnp.broadcast_to(inp, aval.shape), _mm(a, b, aval.dtype), beta, alpha, aval.dtype)
+    prod = _mm(a, b, aval.dtype, keep_acc=True)
+    return _scaled(jnp.broadcast_to(inp, aval.shape), prod, beta, alpha, aval.dtype)
 
 
 @lowering(aten.addbmm.default, meta=True)
@@ -57,11 +65,24 @@ def addbmm_inplace(cls, func, args, kwargs):
 
 @lowering(aten.addr.default, meta=True)
 def addr(inp, a, b, *, beta=1, alpha=1, aval):
-    a, b = to(aval.dtype, a, b)
-    prod = jnp.outer(a, b)
-    if aval.dtype == jnp.bool_:
-        return (cast(inp, bool) & (beta != 0)) | (prod & (alpha != 0))
-    return _scaled(jnp.broadcast_to(inp, aval.shape), prod, beta, alpha, aval.dtype)
+    """Eager's kernel: beta * inp + (alpha * a_i) * b_j in the output dtype, op by op (bfloat16
+    and half round after every operation, beta and alpha included)."""
+    dt = aval.dtype
+    if dt == jnp.bool_:
+        a, b = to(dt, a, b)
+        return (cast(inp, bool) & (beta != 0)) | (jnp.outer(a, b) & (alpha != 0))
+    low = dt in (jnp.bfloat16, jnp.float16)
+    work = jnp.float32 if low else dt
+    info = jnp.finfo(dt) if low else None
+
+    def rnd(x):
+        return lax.reduce_precision(x, info.nexp, info.nmant) if low else x
+
+    a, b, inp = to(work, a, b, jnp.broadcast_to(inp, aval.shape))
+    beta_, alpha_ = rnd(cast(beta, work)), rnd(cast(alpha, work))
+    prod = rnd(rnd(alpha_ * a)[:, None] * b[None, :])
+    # beta == 0 ignores inp entirely (NaNs in it do not propagate), as in eager.
+    return cast(jnp.where(beta == 0, prod, rnd(beta_ * inp) + prod), dt)
 
 
 @lowering(aten.outer.default, aten.ger.default, meta=True)
