@@ -206,6 +206,7 @@ def main(argv=None) -> int:
         "wall_seconds": round(wall, 1),
         "jobs": args.jobs,
         "cap": args.cap,
+        "dtypes": cfg["dtypes"],
         "paths": paths,
         "unavailable_paths": unavailable,
         "ops_selected": len(indices),
