@@ -93,9 +93,15 @@ def round_decimals(x, *, decimals=0):
 
 # -- binary arithmetic ----------------------------------------------------------------------------
 
-def _scaled(y, alpha, dtype):
-    """``y * alpha`` unless alpha is the literal 1 (a runtime scalar multiplies: it may change)."""
-    return y if type(alpha) is int and alpha == 1 else y * cast(alpha, dtype)
+def _alpha_op(x, y, alpha, aval, fn):
+    """``fn(x, y * alpha)`` as eager's add/sub kernels do it: operands and alpha converted to the
+    result dtype, bfloat16/float16 math in float32 rounded once. A literal alpha of 1 is skipped
+    (a runtime scalar multiplies: it may change between calls)."""
+    acc = compute_dtype(aval.dtype)
+    x, y = to(acc, *to(aval.dtype, x, y))
+    if not (type(alpha) is int and alpha == 1):
+        y = y * cast(cast(alpha, aval.dtype), acc)
+    return cast(fn(x, y), aval.dtype)
 
 
 @lowering(aten.add.Tensor, aten.add.Scalar, meta=True)
@@ -103,23 +109,17 @@ def add(x, y, *, alpha=1, aval):
     if aval.dtype == jnp.bool_:
         x, y = to(aval.dtype, x, y)
         return x | (y & (cast(alpha, jnp.bool_)))
-    acc = compute_dtype(aval.dtype)
-    x, y = to(acc, x, y)
-    return cast(x + _scaled(y, alpha, acc), aval.dtype)
+    return _alpha_op(x, y, alpha, aval, lax.add)
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar, meta=True)
 def sub(x, y, *, alpha=1, aval):
-    acc = compute_dtype(aval.dtype)
-    x, y = to(acc, x, y)
-    return cast(x - _scaled(y, alpha, acc), aval.dtype)
+    return _alpha_op(x, y, alpha, aval, lax.sub)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar, meta=True)
 def rsub(x, y, *, alpha=1, aval):
-    acc = compute_dtype(aval.dtype)
-    x, y = to(acc, x, y)
-    return cast(y - _scaled(x, alpha, acc), aval.dtype)
+    return _alpha_op(y, x, alpha, aval, lax.sub)
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar, meta=True)
@@ -226,14 +226,16 @@ def _powi(x, y):
 
 @lowering(aten.pow.Tensor_Scalar, meta=True, static=True)
 def pow_ts(x, exponent, *, aval):
-    x = cast(x, compute_dtype(aval.dtype))
+    # Eager multiplies out small integer powers in the tensor's dtype (x*x*x, 1/(x*x)) and
+    # computes other powers in float32 for bfloat16, rounding once.
+    x = cast(x, aval.dtype)
     if isinstance(exponent, int) and not isinstance(exponent, bool):
         if exponent >= 0 or is_float(aval.dtype):
-            out = lax.integer_pow(x, exponent) if abs(exponent) <= 64 else jnp.power(x, exponent)
-            return cast(out, aval.dtype)
+            return lax.integer_pow(x, exponent) if abs(exponent) <= 64 else _pow(
+                x, cast(exponent, aval.dtype))
     if exponent == 0.5 and is_float(aval.dtype):
-        return cast(jnp.sqrt(x), aval.dtype)
-    return _pow(cast(x, aval.dtype), cast(exponent, aval.dtype))
+        return cast(jnp.sqrt(cast(x, compute_dtype(aval.dtype))), aval.dtype)
+    return _pow(x, cast(exponent, aval.dtype))
 
 
 @lowering(aten.pow.Scalar, meta=True)

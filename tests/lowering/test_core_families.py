@@ -1,0 +1,141 @@
+"""Core lowering families (elementwise, reductions, factories) match CPU eager, without CPU fallback.
+
+Each test names an eager behaviour the OpInfo samples caught the lowerings missing.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import xla_compat as xc
+from xla_compat import paths, settings
+from tests.conftest import assert_same
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture(autouse=True)
+def core_no_fallback():
+    with paths.activated("core"), settings.override(cpu_fallback="error"):
+        yield
+
+
+def dev(t):
+    return t.to(xc.device())
+
+
+def bits_equal(actual, expected):
+    """bfloat16 results must round exactly like eager: compare bit for bit (NaN matches NaN)."""
+    a = actual.cpu()
+    assert a.dtype == expected.dtype and a.shape == expected.shape
+    assert torch.equal(a.isnan(), expected.isnan()), f"{a} != {expected}"
+    a, expected = a.nan_to_num(0.0), expected.nan_to_num(0.0)
+    assert torch.equal(a.view(torch.int16), expected.view(torch.int16)), f"{a} != {expected}"
+
+
+# -- factories -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("start,end,steps", [(4.3, 50, 50), (-3.7, 2.2, 9), (7, -7, 1), (0, 1, 0)])
+def test_linspace_converts_ends_to_the_output_dtype_like_eager(dtype, start, end, steps):
+    expected = torch.linspace(start, end, steps, dtype=dtype)
+    assert_same(torch.linspace(start, end, steps, dtype=dtype, device=xc.device()), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("start,end,steps,base", [(4.3, 1.2, 1, 10.0), (1.5, 3, 4, 10.0),
+                                                   (4.3, -3, 2, 5.0), (-2, 2, 7, 2.0)])
+def test_logspace_matches_eager_including_one_step(dtype, start, end, steps, base):
+    expected = torch.logspace(start, end, steps, base, dtype=dtype)
+    actual = torch.logspace(start, end, steps, base, dtype=dtype, device=xc.device())
+    assert_same(actual, expected, rtol=1.3e-6, atol=1e-5)
+
+
+def test_logspace_with_tensor_ends():
+    s, e = torch.tensor(4.3), torch.tensor(-3)
+    expected = torch.logspace(s, e, 4, dtype=torch.bfloat16)
+    bits_equal(torch.logspace(dev(s), dev(e), 4, dtype=torch.bfloat16, device=xc.device()),
+               expected)
+
+
+@pytest.mark.parametrize("size", [(), (0,), (2, 3)])
+def test_new_full_fills_with_its_value(size):
+    x = torch.randn(3)
+    assert_same(dev(x).new_full(size, -1.75), x.new_full(size, -1.75))
+    assert_same(dev(x).new_full(size, 3, dtype=torch.int64), x.new_full(size, 3, dtype=torch.int64))
+
+
+# -- elementwise -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", [torch.fmod, torch.remainder, torch.floor_divide,
+                                lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+                                lambda a, b: torch.div(a, b, rounding_mode="floor")])
+def test_integer_division_broadcasts(op):
+    a = torch.tensor([[-7], [7], [5], [-5], [0]])
+    b = torch.tensor([2, -3, 4])
+    assert_same(op(dev(a), dev(b)), op(a, b))
+    assert_same(op(dev(b), dev(a[:4] + 10)), op(b, a[:4] + 10))
+
+
+def test_integer_pow_wraps_and_handles_negative_exponents_like_eager():
+    base = torch.tensor([2, -2, 1, -1, 0, 3, 7, -1, 5])
+    exp = torch.tensor([62, 63, -5, -3, 0, 40, 3, -4, -1])
+    assert_same(torch.pow(dev(base), dev(exp)), torch.pow(base, exp))
+    assert_same(torch.pow(3, dev(exp.clamp(min=0))), torch.pow(3, exp.clamp(min=0)))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, y, z: torch.addcmul(x, y, z, value=0.3),
+    lambda x, y, z: torch.addcdiv(x, y, z.abs() + 0.5, value=-1.7),
+    lambda x, y, z: torch.lerp(x, y, 0.4),
+    lambda x, y, z: torch.lerp(x, y, z),
+    lambda x, y, z: torch.exp2(x * 4),
+    lambda x, y, z: torch.sinc(x),
+    lambda x, y, z: torch.pow(x.abs(), 2.3),
+    lambda x, y, z: torch.pow(x, y),
+])
+def test_bfloat16_math_is_computed_in_float32_and_rounded_once(fn):
+    torch.manual_seed(0)
+    x, y, z = (torch.randn(16, 16, dtype=torch.bfloat16) for _ in range(3))
+    bits_equal(fn(dev(x), dev(y), dev(z)), fn(x, y, z))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, y: torch.add(x, y, alpha=2.3),      # alpha rounded to bfloat16, then float32 math
+    lambda x, y: torch.sub(x, y, alpha=0.7),
+    lambda x, y: torch.rsub(x, y, alpha=1.9),
+    lambda x, y: torch.add(x, 0.3, alpha=1.7),    # the scalar too
+    lambda x, y: torch.pow(x, 3),                 # multiplied out in bfloat16: x*x*x
+    lambda x, y: torch.pow(x, -2),
+])
+def test_bfloat16_scalars_and_small_integer_powers_round_like_eager(fn):
+    torch.manual_seed(1)
+    x, y = (torch.randn(4096, dtype=torch.bfloat16) for _ in range(2))
+    bits_equal(fn(dev(x), dev(y)), fn(x, y))
+
+
+def test_bfloat16_cumulative_ops_accumulate_in_float32():
+    torch.manual_seed(0)
+    x = torch.randn(64, 8, dtype=torch.bfloat16) * 9
+    # A bfloat16 running sum drifts by many ulps over 64 steps; float32 stays within one.
+    assert_same(torch.cumsum(dev(x), 0), torch.cumsum(x, 0), rtol=8e-3, atol=1e-2)
+    y = 1 + x / 64
+    assert_same(torch.cumprod(dev(y), 0), torch.cumprod(y, 0), rtol=8e-3, atol=1e-5)
+
+
+# -- reductions ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_prod_of_a_zero_dim_tensor_over_a_dim(dtype):
+    x = torch.tensor(3).to(dtype)
+    for keepdim in (False, True):
+        assert_same(torch.prod(dev(x), 0, keepdim=keepdim), torch.prod(x, 0, keepdim=keepdim))
+        assert_same(torch.prod(dev(x), -1), torch.prod(x, -1))
+
+
+@pytest.mark.parametrize("p", [0, 1, 2, 3.5, INF, -INF])
+def test_dist_broadcasts_and_takes_any_p(p):
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 1, 3), torch.randn(5, 3)
+    b[0, 0] = a[0, 0, 0]  # an exact zero difference counts for p=0
+    assert_same(torch.dist(dev(a), dev(b), p), torch.dist(a, b, p), rtol=1e-5)
