@@ -25,7 +25,8 @@ SUBSET = {
     "views": ("transpose", "permute", "view", "reshape", "expand", "narrow", "select",
               "squeeze", "unsqueeze", "t", "as_strided"),
     "indexing": ("index_select", "gather", "scatter", "index_put", "take_along_dim"),
-    "linalg": ("matmul", "mm", "bmm", "addmm"),
+    "linalg": ("matmul", "mm", "bmm", "addmm", "linalg.solve", "linalg.cholesky", "linalg.qr",
+               "linalg.svd", "linalg.eigh", "linalg.lstsq"),
     "nn": ("nn.functional.relu", "softmax", "log_softmax", "nn.functional.layer_norm",
            "nn.functional.embedding", "nn.functional.linear", "nn.functional.gelu",
            "nn.functional.cross_entropy", "nn.functional.dropout"),
@@ -118,6 +119,19 @@ def test_a_failing_graph_left_pending_does_not_poison_the_next_sample(core):
     second = harness.run_sample(op, op, _add_sample(), torch.float32, "exact", inplace=False)
     assert second[0] == "pass", second
     xc.sync()
+
+
+def test_sign_aligned_factors_fail_when_only_one_vector_of_a_pair_flips():
+    """linalg.svd is compared after aligning signs, but u_j and v_j must flip together."""
+    torch.manual_seed(0)
+    a = torch.randn(4, 3)
+    u, s, vh = torch.linalg.svd(a, full_matrices=False)
+    flip = torch.tensor([1.0, -1.0, 1.0])
+    both = harness.skips.align_signs("linalg.svd", [u * flip, s, vh * flip[:, None]], [u, s, vh])
+    harness.compare(both, [u, s, vh], lambda dt: (1e-6, 1e-6))
+    only_u = harness.skips.align_signs("linalg.svd", [u * flip, s, vh], [u, s, vh])
+    with pytest.raises(AssertionError):
+        harness.compare(only_u, [u, s, vh], lambda dt: (1e-6, 1e-6))
 
 
 def test_sample_selection_keeps_every_kind_before_repeating_one():
