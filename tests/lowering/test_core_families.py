@@ -139,3 +139,11 @@ def test_dist_broadcasts_and_takes_any_p(p):
     a, b = torch.randn(4, 1, 3), torch.randn(5, 3)
     b[0, 0] = a[0, 0, 0]  # an exact zero difference counts for p=0
     assert_same(torch.dist(dev(a), dev(b), p), torch.dist(a, b, p), rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", [torch.add, torch.sub, torch.rsub])
+@pytest.mark.parametrize("alpha", [1, 2])
+def test_add_and_sub_broadcast(op, alpha):
+    a, b = torch.randn(5, 1), torch.randn(5)
+    assert_same(op(dev(a), dev(b), alpha=alpha), op(a, b, alpha=alpha))
+    assert_same(op(dev(b), dev(a), alpha=alpha), op(b, a, alpha=alpha))

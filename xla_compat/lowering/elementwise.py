@@ -109,17 +109,17 @@ def add(x, y, *, alpha=1, aval):
     if aval.dtype == jnp.bool_:
         x, y = to(aval.dtype, x, y)
         return x | (y & (cast(alpha, jnp.bool_)))
-    return _alpha_op(x, y, alpha, aval, lax.add)
+    return _alpha_op(x, y, alpha, aval, jnp.add)
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar, meta=True)
 def sub(x, y, *, alpha=1, aval):
-    return _alpha_op(x, y, alpha, aval, lax.sub)
+    return _alpha_op(x, y, alpha, aval, jnp.subtract)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar, meta=True)
 def rsub(x, y, *, alpha=1, aval):
-    return _alpha_op(y, x, alpha, aval, lax.sub)
+    return _alpha_op(y, x, alpha, aval, jnp.subtract)
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar, meta=True)
