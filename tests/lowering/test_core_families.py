@@ -147,3 +147,21 @@ def test_add_and_sub_broadcast(op, alpha):
     a, b = torch.randn(5, 1), torch.randn(5)
     assert_same(op(dev(a), dev(b), alpha=alpha), op(a, b, alpha=alpha))
     assert_same(op(dev(b), dev(a), alpha=alpha), op(b, a, alpha=alpha))
+
+
+# -- shape ops and factories without tensor arguments --------------------------------------------
+
+@pytest.mark.parametrize("which", ["triu_indices", "tril_indices"])
+@pytest.mark.parametrize("row,col,offset", [(4, 3, 0), (3, 5, -2), (5, 5, 2), (0, 3, 0), (1, 6, 9)])
+def test_triangle_indices_on_the_device(which, row, col, offset):
+    fn = getattr(torch, which)
+    assert_same(fn(row, col, offset, device=xc.device()), fn(row, col, offset))
+    assert_same(fn(row, col, offset, device=xc.device(), dtype=torch.int32),
+                fn(row, col, offset, dtype=torch.int32))
+
+
+def test_tensor_split_takes_cpu_split_points_for_a_device_tensor():
+    x = torch.randn(6, 5)
+    for points in (torch.tensor([1, 4]), torch.tensor(3)):
+        assert_same(torch.tensor_split(dev(x), points), torch.tensor_split(x, points))
+        assert_same(torch.tensor_split(dev(x), points, dim=1), torch.tensor_split(x, points, dim=1))

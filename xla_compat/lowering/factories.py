@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
+import torch
 from jax import lax
 
 from ._helpers import cast, is_float
@@ -86,3 +88,26 @@ def eye(*args, aval, **_):
 @lowering(aten.scalar_tensor.default, meta=True)
 def scalar_tensor(s, *, aval, **_):
     return cast(s, aval.dtype)
+
+
+# -- triu_indices / tril_indices: no tensor argument reaches the Python key, so they are kernels --
+# for the device key. The indices depend only on static sizes: a constant built on the host
+# (row-major, as eager orders them) and transferred, never a CPU fallback of the op.
+
+def _indices(which):
+    def kernel(row, col, offset=0, *, dtype=torch.int64, layout=None, device=None,
+               pin_memory=None):
+        from ..device import _check_device
+        _check_device(device)
+        if row == 0 or col == 0:
+            idx = np.zeros((2, 0), np.int64)
+        else:
+            idx = np.stack(getattr(np, f"{which}_indices")(row, offset, col)).astype(np.int64)
+        return torch.from_numpy(idx).to(dtype or torch.int64).to(device or "hlo")
+    kernel.__name__ = f"{which}_indices"
+    return kernel
+
+
+_lib = torch.library.Library("aten", "IMPL")
+_lib.impl("triu_indices", _indices("triu"), "PrivateUse1")
+_lib.impl("tril_indices", _indices("tril"), "PrivateUse1")
