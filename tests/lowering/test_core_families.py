@@ -165,3 +165,45 @@ def test_tensor_split_takes_cpu_split_points_for_a_device_tensor():
     for points in (torch.tensor([1, 4]), torch.tensor(3)):
         assert_same(torch.tensor_split(dev(x), points), torch.tensor_split(x, points))
         assert_same(torch.tensor_split(dev(x), points, dim=1), torch.tensor_split(x, points, dim=1))
+
+
+@pytest.mark.parametrize("p", ["core", "legacy", "functional"])
+def test_resize_keeps_the_leading_elements_on_every_path(p):
+    import importlib
+    if p != "core":
+        importlib.import_module(f"xla_compat.{p}")
+    with paths.activated(p):
+        x = torch.randn(5, 5, 5)
+        d = dev(x)
+        assert d.resize_(25, 5) is d
+        assert_same(d, x.clone().resize_(25, 5))
+        y = dev(torch.arange(12.).reshape(4, 3))
+        assert y.resize_as_(torch.empty(2, 3, device=xc.device())) is y
+        assert_same(y, torch.arange(6.).reshape(2, 3))
+
+
+# -- random ops: statistics only (the device generator is not the CPU's) ---------------------------
+
+@pytest.mark.parametrize("draw,mean,std", [
+    (lambda t: t.cauchy_(2.0, 0.5).median(), 2.0, None),   # the Cauchy median
+    (lambda t: t.log_normal_(0.0, 0.25).log().mean(), 0.0, None),
+    (lambda t: t.geometric_(0.25).mean(), 4.0, None),
+    (lambda t: t.exponential_(2.0).mean(), 0.5, None),
+    (lambda t: torch.randn_like(t).std(), 1.0, None),
+    (lambda t: torch.rand_like(t).mean(), 0.5, None),
+    (lambda t: torch.randint_like(t, 3, 9).float().mean(), 5.5, None),
+])
+def test_random_ops_draw_from_the_right_distribution(draw, mean, std):
+    xc.manual_seed(0)
+    t = torch.empty(20000, device=xc.device())
+    value = float(draw(t))
+    assert abs(value - mean) < 0.05 * max(1.0, abs(mean)), value
+
+
+def test_random_ops_keep_their_support():
+    xc.manual_seed(1)
+    g = torch.empty(5000, device=xc.device()).geometric_(0.6).cpu()
+    assert g.min() >= 1 and torch.equal(g, g.round())
+    r = torch.randint_like(torch.empty(5000, dtype=torch.int64, device=xc.device()), 3, 9).cpu()
+    assert r.dtype == torch.int64 and r.min() == 3 and r.max() == 8
+    assert (torch.empty(5000, device=xc.device()).log_normal_().cpu() > 0).all()

@@ -57,8 +57,9 @@ def native_dropout_backward(grad, mask, scale, *, aval):
     return grad * cast(mask, grad.dtype) * cast(scale, grad.dtype)
 
 
-@lowering(getattr(aten.random_, "from"), aten.random_.to, aten.random_.default, random=True, static=True,
-          meta=True)
+@lowering(getattr(aten.random_, "from"), aten.random_.to, aten.random_.default,
+          getattr(aten.random, "from"), aten.random.to, aten.random.default, random=True,
+          static=True, meta=True)
 def random_(x, from_=None, to=None, *, generator=None, key, aval):
     if from_ is None:
         hi = 2 ** 24 if is_float(aval.dtype) else (
@@ -70,7 +71,7 @@ def random_(x, from_=None, to=None, *, generator=None, key, aval):
     return cast(r, aval.dtype)
 
 
-@lowering(aten.exponential_.default, random=True, static=True, meta=True)
+@lowering(aten.exponential_.default, aten.exponential.default, random=True, static=True, meta=True)
 def exponential_(x, lambd=1.0, *, generator=None, key, aval):
     return cast(jax.random.exponential(key, aval.shape, _float(aval)) / lambd, aval.dtype)
 
@@ -90,3 +91,45 @@ def multinomial(probs, num_samples, replacement=False, *, generator=None, key, a
     g = jax.random.gumbel(key, probs.shape, jnp.float32)
     scores = jnp.where(probs > 0, logits + g, -jnp.inf)
     return jnp.argsort(-scores, axis=-1)[..., :num_samples].astype(aval.dtype)
+
+
+@lowering(aten.cauchy_.default, aten.cauchy.default, random=True, static=True, meta=True)
+def cauchy_(x, median=0.0, sigma=1.0, *, generator=None, key, aval):
+    return cast(median + sigma * jax.random.cauchy(key, aval.shape, _float(aval)), aval.dtype)
+
+
+@lowering(aten.log_normal_.default, aten.log_normal.default, random=True, static=True, meta=True)
+def log_normal_(x, mean=1.0, std=2.0, *, generator=None, key, aval):
+    z = jax.random.normal(key, aval.shape, _float(aval))
+    return cast(jnp.exp(z * std + mean), aval.dtype)
+
+
+@lowering(aten.geometric_.default, aten.geometric.default, random=True, static=True, meta=True)
+def geometric_(x, p, *, generator=None, key, aval):
+    """Trials up to the first success: ceil(log(u) / log1p(-p)) for u in (0, 1], as eager draws."""
+    u = 1.0 - jax.random.uniform(key, aval.shape, jnp.float64)
+    return cast(jnp.ceil(jnp.log(u) / jnp.log1p(-p)), aval.dtype)
+
+
+@lowering(aten.randn_like.default, aten.randn_like.generator, random=True, meta=True)
+def randn_like(x, *, generator=None, key, aval, **_):
+    return cast(jax.random.normal(key, aval.shape, _float(aval)), aval.dtype)
+
+
+@lowering(aten.rand_like.default, aten.rand_like.generator, random=True, meta=True)
+def rand_like(x, *, generator=None, key, aval, **_):
+    return cast(jax.random.uniform(key, aval.shape, _float(aval)), aval.dtype)
+
+
+@lowering(aten.randint_like.default, aten.randint_like.generator, aten.randint_like.Tensor,
+          aten.randint_like.Tensor_generator, random=True, meta=True)
+def randint_like(x, high, *, generator=None, key, aval, **_):
+    return randint_like_low(x, 0, high, key=key, aval=aval)
+
+
+@lowering(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype, random=True,
+          meta=True)
+def randint_like_low(x, low, high, *, generator=None, key, aval, **_):
+    r = jax.random.randint(key, aval.shape, cast(low, jnp.int64), cast(high, jnp.int64),
+                           dtype=jnp.int64)
+    return cast(r, aval.dtype)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..lazy import tracer
 from ._helpers import dim
 from .registry import aten, lowering
 
@@ -245,3 +246,19 @@ def unfold_backward(grad, input_sizes, d, size, step, *, aval):
 @lowering(aten.view_copy.dtype, meta=True)
 def view_copy_dtype(x, dtype, *, aval):
     return view(x, aval=aval)
+
+
+@lowering(aten.resize.default, meta=True)
+def resize(x, size, *, memory_format=None, aval):
+    """Functional ``resize_``: the first elements in row-major order keep their values; elements
+    past the old size are uninitialised in eager and zero here."""
+    flat, n = jnp.reshape(x, (-1,)), int(np.prod(aval.shape, dtype=np.int64))
+    if n > flat.shape[0]:
+        flat = jnp.concatenate([flat, jnp.zeros((n - flat.shape[0],), x.dtype)])
+    return jnp.reshape(flat[:n], aval.shape)
+
+
+@tracer.special(aten.resize_as_.default)
+def _resize_as(cls, func, args, kwargs):
+    """``x.resize_as_(other)`` is ``x.resize_(other.shape)`` (which has a functional variant)."""
+    return args[0].resize_(args[1].shape)
