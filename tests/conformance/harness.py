@@ -148,6 +148,14 @@ def _spread_indices(n: int) -> list[int]:
 
 
 # -- moving samples -------------------------------------------------------------------------------
+def with_storage(x: torch.Tensor, dev=DEVICE) -> torch.Tensor:
+    """``x`` on ``dev`` as the same view of a copy of its whole storage (``.to`` would copy only
+    the view's elements, and ops like as_strided on a partial view read outside them)."""
+    n = x.untyped_storage().nbytes() // x.element_size()
+    storage = torch.as_strided(x, (n,), (1,), 0)
+    return storage.to(dev).as_strided(x.shape, x.stride(), x.storage_offset())
+
+
 def to_device(x, dev=DEVICE):
     """Every tensor to ``dev``; ``device="cpu"`` arguments (factories) become ``dev``."""
     if isinstance(x, torch.Tensor):
@@ -417,7 +425,10 @@ def _prepare(op, fn, sample, inplace: bool):
     cpu_in = clone(sample.input) if inplace else sample.input
     try:
         with time_limit(SAMPLE_TIMEOUT_S):
-            dev_in = to_device(clone(sample.input) if inplace else sample.input)
+            if op.variant_test_name == "partial_views" and not inplace:
+                dev_in = with_storage(sample.input)   # the variant is about the storage around the view
+            else:
+                dev_in = to_device(clone(sample.input) if inplace else sample.input)
             dev_args, dev_kwargs = to_device(tuple(sample.args)), to_device(dict(sample.kwargs))
     except Exception as e:
         settle()
