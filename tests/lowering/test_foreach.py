@@ -9,14 +9,9 @@ import torch
 import xla_compat as xc
 from xla_compat import paths, settings
 from tests.conftest import assert_same
+from tests.lowering._core import core_no_fallback  # noqa: F401 (autouse fixture)
 
 aten = torch.ops.aten
-
-
-@pytest.fixture(autouse=True)
-def core_no_fallback():
-    with paths.activated("core"), settings.override(cpu_fallback="error"):
-        yield
 
 
 def _lists(dtype=torch.float32, positive=False):

@@ -8,12 +8,7 @@ import torch
 import xla_compat as xc
 from xla_compat import paths, settings
 from tests.conftest import assert_same
-
-
-@pytest.fixture(autouse=True)
-def core_no_fallback():
-    with paths.activated("core"), settings.override(cpu_fallback="error"):
-        yield
+from tests.lowering._core import core_no_fallback  # noqa: F401 (autouse fixture)
 
 
 def dev(t):

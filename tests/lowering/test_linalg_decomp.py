@@ -7,18 +7,9 @@ import torch
 import xla_compat as xc
 from xla_compat import paths, settings
 from tests.conftest import assert_same
+from tests.lowering._core import core_no_fallback, dev  # noqa: F401 (autouse fixture)
 
 RTOL, ATOL = 1e-5, 1e-5
-
-
-@pytest.fixture(autouse=True)
-def core_no_fallback():
-    with paths.activated("core"), settings.override(cpu_fallback="error"):
-        yield
-
-
-def dev(t):
-    return t.to(xc.device())
 
 
 def well_conditioned(*shape, seed=0):

@@ -8,16 +8,7 @@ import torch
 import xla_compat as xc
 from xla_compat import paths, settings
 from tests.conftest import assert_same
-
-
-@pytest.fixture(autouse=True)
-def core_no_fallback():
-    with paths.activated("core"), settings.override(cpu_fallback="error"):
-        yield
-
-
-def dev(t):
-    return t.to(xc.device())
+from tests.lowering._core import core_no_fallback, dev  # noqa: F401 (autouse fixture)
 
 
 @pytest.mark.parametrize("beta,alpha", [(1, 1), (0.2, 0.6), (0, 1)])

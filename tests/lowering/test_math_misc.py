@@ -9,18 +9,9 @@ import xla_compat as xc
 import xla_compat.legacy  # noqa: F401  (registers the legacy path)
 from xla_compat import paths, settings
 from tests.conftest import assert_same
+from tests.lowering._core import core_no_fallback, dev  # noqa: F401 (autouse fixture)
 
 NAN, INF = float("nan"), float("inf")
-
-
-@pytest.fixture(autouse=True)
-def core_no_fallback():
-    with paths.activated("core"), settings.override(cpu_fallback="error"):
-        yield
-
-
-def dev(t):
-    return t.to(xc.device())
 
 
 INTS = torch.tensor([-7, 3, 0, 12, -1, 5, torch.iinfo(torch.int64).max, -9])

@@ -7,18 +7,9 @@ import torch
 import xla_compat as xc
 from xla_compat import paths, settings
 from tests.conftest import assert_same
+from tests.lowering._core import core_no_fallback, dev  # noqa: F401 (autouse fixture)
 
 NAN, INF = float("nan"), float("inf")
-
-
-@pytest.fixture(autouse=True)
-def core_no_fallback():
-    with paths.activated("core"), settings.override(cpu_fallback="error"):
-        yield
-
-
-def dev(t):
-    return t.to(xc.device())
 
 
 def _inputs(dtype):

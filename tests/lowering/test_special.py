@@ -8,19 +8,10 @@ import xla_compat as xc
 import xla_compat.legacy  # noqa: F401  (registers the legacy path)
 from xla_compat import paths, settings
 from tests.conftest import assert_same
+from tests.lowering._core import core_no_fallback, dev  # noqa: F401 (autouse fixture)
 
 NAN, INF = float("nan"), float("inf")
 S = torch.special
-
-
-@pytest.fixture(autouse=True)
-def core_no_fallback():
-    with paths.activated("core"), settings.override(cpu_fallback="error"):
-        yield
-
-
-def dev(t):
-    return t.to(xc.device())
 
 
 # Every branch of the Cephes approximations: |x| < 1e-5, <= 2, <= 5, <= 8, the asymptotic tails,
