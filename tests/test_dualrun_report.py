@@ -104,11 +104,14 @@ def test_report_survives_sigkill_mid_write_with_every_line_parseable(tmp_path):
     script.write_text(WRITER)
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
     for round_ in range(2):                     # killed, restarted, killed again
+        start = path.stat().st_size if path.exists() else 0
         proc = subprocess.Popen([sys.executable, str(script), str(path), str(1000 * round_)],
                                 env=env)
+        # Kill only once this writer has written (the first writer may have run far past any
+        # fixed size before its kill landed).
         deadline = time.time() + 60
-        while time.time() < deadline and (not path.exists() or path.stat().st_size < 100_000
-                                          * (round_ + 1)):
+        while time.time() < deadline and (not path.exists()
+                                          or path.stat().st_size < start + 100_000):
             time.sleep(0.02)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

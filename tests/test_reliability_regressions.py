@@ -88,3 +88,48 @@ def test_copy_from_a_partially_overlapping_source_raises_like_eager(path, dev, r
     with pytest.raises(RuntimeError, match="some elements of the input tensor"):
         t.t().copy_(t)
     assert torch.equal(t.cpu(), torch.arange(9.).reshape(3, 3))
+
+
+def test_an_empty_as_strided_of_a_view_may_start_past_the_view(path, dev):
+    # Fuzz (CI, Dec 2): a 0-element as_strided needs no storage, so eager skips the bound check.
+    cpu = torch.arange(4.).reshape(2, 2)
+    got = cpu.to(dev).select(0, 0).as_strided((0,), (0,), 3)
+    want = cpu.select(0, 0).as_strided((0,), (0,), 3)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert got.storage_offset() == want.storage_offset() == 3
+    assert got.cpu().numel() == 0
+
+
+@pytest.mark.parametrize("shape, perm", [((1, 2), (1, 0)), ((1, 1, 2), (2, 1, 0)),
+                                         ((3, 1), (1, 0))])
+def test_strides_after_an_in_place_write_through_a_transposed_view_match_eager(path, dev, shape,
+                                                                               perm):
+    # Fuzz (CI, Dec 2): ``x.t() + 2`` keeps x.t()'s strides across size-1 dims in eager (the 2 is
+    # a wrapped 0-dim tensor); the meta kernel answered contiguous, and on the functional path the
+    # base took those strides back through the write-back.
+    def program(t):
+        t.add_(2)
+        v = t.permute(perm)
+        u = t.unsqueeze(0)
+        v.add_(2)
+        return t, v, u, t + 1, v * 3
+    cpu = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+    for got, want in zip(program(cpu.to(dev)), program(cpu.clone())):
+        assert got.stride() == want.stride()
+        assert torch.equal(got.cpu(), want)
+
+
+def test_as_strided_of_a_view_past_its_elements(path, dev):
+    # Fuzz (Dec 2): eager reads the base's storage; upstream functionalization (views removed)
+    # cannot, so the functional path says so and names the way out; legacy computes it.
+    cpu = torch.arange(4.).reshape(2, 2)
+    want = cpu.select(0, 0).as_strided((1,), (0,), 2)
+    t = cpu.to(dev)
+    if path == "functional":
+        from xla_compat.functional.writes import FunctionalizationLimit
+        with pytest.raises(FunctionalizationLimit, match="call as_strided on the base"):
+            t.select(0, 0).as_strided((1,), (0,), 2)
+        assert torch.equal(t.as_strided((1,), (0,), 2).cpu(), want)
+    else:
+        assert torch.equal(t.select(0, 0).as_strided((1,), (0,), 2).cpu(), want)
+    assert torch.equal(t.cpu(), cpu)

@@ -30,6 +30,10 @@ KNOWN = (
      "functional: in-place/out= result dtype not checked against the written tensor"),
     ("functional", re.compile(r"more than one element of the written-.*nothing was raised"),
      "functional: a write to an expanded (internally overlapping) view is not rejected"),
+    ("functional", re.compile(r"setStorage: .*out of bounds for the \d+ elements of the tensor "
+                              r"as_strided was called on"),
+     "functional: as_strided of a view reaching past the view's own elements (upstream limit: "
+     "functionalize(remove='mutations_and_views') raises the same; documented in the guide)"),
     ("functional", re.compile(r"setStorage: .*nothing was raised"),
      "functional: as_strided beyond the storage is not rejected"),
     ("functional", re.compile(r"^functional path, [^:]+: strides"),
@@ -65,7 +69,13 @@ def check(program: Program, on=PATHS) -> None:
                 if label:
                     raise KnownIssue(label) from e
                 raise Disagreement(message) from e
-            compare(got, expected, name)
+            try:
+                compare(got, expected, name)
+            except Disagreement as e:
+                label = known(name, str(e))
+                if label:
+                    raise KnownIssue(label) from e
+                raise
 
 
 def compare(got: dict, expected: dict, path: str) -> None:

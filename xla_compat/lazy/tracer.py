@@ -289,6 +289,7 @@ def meta(func, args, kwargs):
             return hit
     memo: dict = {}
     out = run_meta(func, args, kwargs, memo)
+    out = _wrapped_number_strides(func, args, kwargs, out)
     flat = _flat_tensors((args, list(kwargs.values())))
     after = {i: _desc(memo[id(t)]) for i, t in enumerate(flat) if id(t) in memo}
     result = (_desc(out), after)
@@ -297,6 +298,46 @@ def meta(func, args, kwargs):
             _META_CACHE.clear()
         _META_CACHE[key] = result
     return result
+
+
+@functools.lru_cache(maxsize=None)
+def _tensor_slots(func) -> tuple:
+    """(position, name) of the plain ``Tensor`` arguments of a pointwise op, else ()."""
+    if torch.Tag.pointwise not in func.tags:
+        return ()
+    return tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                 if isinstance(a.type, torch.TensorType))
+
+
+def _wrapped_number_strides(func, args, kwargs, out):
+    """Eager's output strides where a Python number sits in a Tensor slot (``x + 2``).
+
+    Eager wraps the number in a 0-dim tensor, and TensorIterator then lays the output out like
+    the dimensioned input (``x.t() + 2`` keeps ``x.t()``'s strides even across size-1 dims); the
+    meta kernel sees a Python scalar and answers contiguous. Re-running it with a 0-dim tensor of
+    the output's dtype (only the strides are taken) gives eager's layout."""
+    slots = _tensor_slots(func)
+    if not slots or not isinstance(out, torch.Tensor) or out.dim() < 2:
+        return out
+    args = list(args)
+    kwargs = dict(kwargs)
+    changed = False
+    for i, name in slots:
+        where, key = (args, i) if i < len(args) else (kwargs, name)
+        v = where[key] if (i < len(args) or name in kwargs) else None
+        if type(v) in _NUMBER:
+            where[key] = torch.scalar_tensor(v, dtype=out.dtype, device="meta")
+            changed = True
+    if not changed:
+        return out
+    try:
+        again = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
+    except Exception:
+        return out
+    if not isinstance(again, torch.Tensor) or again.shape != out.shape or \
+            again.stride() == out.stride():
+        return out
+    return torch.empty_strided(out.shape, again.stride(), dtype=out.dtype, device="meta")
 
 
 def run_meta(func, args, kwargs, memo=None):
