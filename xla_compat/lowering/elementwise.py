@@ -436,9 +436,21 @@ def masked_fill(x, mask, value, *, aval):
 
 @lowering(aten.clone.default, aten.contiguous.default, aten.lift_fresh_copy.default,
           aten.alias_copy.default, aten.detach_copy.default, aten.positive.default,
-          aten.resolve_conj.default, aten.resolve_neg.default, aten.conj_physical.default)
+          aten.resolve_conj.default, aten.resolve_neg.default)
 def identity(x, *, memory_format=None):
     return x
+
+
+# Lazy tensors never carry the conj/neg bits: `_conj` and `_neg_view` are traced as the physical
+# ops (tracer), the functional path's `*_copy` twins land here, so resolve_* above are copies.
+@lowering(aten.conj_physical.default, aten._conj_physical.default, aten._conj_copy.default)
+def conj_physical(x):
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
+@lowering(aten._neg_view_copy.default)
+def neg_view_copy(x):
+    return -x
 
 
 @lowering(aten._to_copy.default, meta=True)
