@@ -227,3 +227,17 @@ def test_metrics_file_is_written_at_exit(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
     text = out.read_text()
     assert "Metric: CompileTime" in text and "Counter: MarkStep" in text
+
+
+def test_wait_device_ops_waits_for_every_output_even_ones_only_a_path_holds(path, dev, monkeypatch):
+    seen = []
+    note = executor._note_dispatched
+    monkeypatch.setattr(executor, "_note_dispatched", lambda outs: (seen.extend(outs), note(outs)))
+    x = torch.randn(256, 256, device=dev)
+    xc.sync()
+    for _ in range(3):
+        x[0].add_(1.0)          # a write through a view: legacy keeps the base in its alias
+        x.mul_(0.5)
+        xc.sync()
+    xc.wait_device_ops()
+    assert seen and all(a.is_deleted() or a.is_ready() for a in seen)

@@ -432,6 +432,7 @@ def _execute(roots: list[Value], donatable: set) -> list:
     start = time.perf_counter_ns()
     outputs = compiled(*params)
     metrics.sample("ExecuteTime", time.perf_counter_ns() - start)
+    _note_dispatched(outputs)
     if graph.donate:
         metrics.inc("InputOutputAliasCount", len(graph.donate))
     return outputs
@@ -482,10 +483,28 @@ def compiled_text() -> str:
     return _last_compiled.as_text() if _last_compiled is not None else ""
 
 
+# Outputs of executions dispatched since the last wait (weak: a dropped output needs no wait).
+# Live tensors alone miss buffers only a path holds (legacy alias bases), whose graphs would
+# otherwise still run after wait_device_ops returned.
+_dispatched: list = []
+
+
+def _note_dispatched(outputs) -> None:
+    _dispatched.extend(weakref.ref(o) for o in outputs)
+    if len(_dispatched) > 4096:
+        _dispatched[:] = [r for r in _dispatched if r() is not None]
+
+
 def wait_device_ops() -> None:
+    """Block until every dispatched execution has finished (torch_xla's wait_device_ops)."""
+    pending, _dispatched[:] = list(_dispatched), []
+    for ref in pending:
+        arr = ref()
+        if arr is not None and not arr.is_deleted():
+            arr.block_until_ready()
     for t in live_tensors():
         node = t._value.node
-        if type(node) is DeviceData:
+        if type(node) is DeviceData and not node.array.is_deleted():
             node.array.block_until_ready()
 
 
