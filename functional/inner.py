@@ -76,6 +76,16 @@ def handles(*ops):
     return register
 
 
+@handles(aten.detach_copy.default, aten.alias_copy.default)
+def _same_value(cls, func, args, kwargs):
+    """``detach``/``alias`` copies share the input's IR value: no node, and after a sync the two
+    tensors hold one buffer (a node would make the graph output the same data twice)."""
+    x = args[0]
+    if not isinstance(x, LazyTensor):
+        return NotImplemented
+    return cls(x._value, x.shape, x.dtype, x.stride(), x.storage_offset())
+
+
 @handles(aten.copy.default)
 def _copy_from_host(cls, func, args, kwargs):
     """``copy(dst, src)`` with a host ``src``: the functional half of ``cpu_tensor.to("hlo")``."""
