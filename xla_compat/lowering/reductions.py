@@ -216,3 +216,16 @@ def logcumsumexp(x, d):
     if x.ndim == 0:
         return x
     return lax.cumlogsumexp(x, axis=dim(d, x.ndim))
+
+
+@lowering(aten.hash_tensor.default, meta=True)
+def hash_tensor(x, d=(), keepdim=False, *, mode=0, aval):
+    """XOR of the 64-bit patterns of the elements (mode 0, ATen's only one): floats widened to
+    float64, integers sign-extended to int64, bools 0/1, each bit pattern read as uint64."""
+    wide = jnp.float64 if is_float(x.dtype) else jnp.int64
+    bits = lax.bitcast_convert_type(cast(x, wide), jnp.uint64)
+    axes = _red_dims(bits, d)
+    out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, axes) if bits.ndim else bits
+    if keepdim:
+        out = jnp.reshape(out, aval.shape)
+    return out
