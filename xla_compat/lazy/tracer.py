@@ -269,6 +269,20 @@ def _key_of(x, out: list) -> bool:
     return True
 
 
+# Checks eager makes that PyTorch's meta kernels skip (``mm`` of two dtypes computes on meta):
+# ``fn(func, bound_args)`` raises eager's error. Run with the meta kernel, so once per signature.
+_EAGER_CHECKS: dict = {}
+
+
+def eager_check(*ops):
+    """Register ``fn(func, bound)`` as the eager-only check of ``ops`` (see ``meta``)."""
+    def register(fn):
+        for op in ops:
+            _EAGER_CHECKS[op] = fn
+        return fn
+    return register
+
+
 _META_CACHE: dict = {}
 _META_CACHE_LIMIT = 65536
 
@@ -289,6 +303,9 @@ def meta(func, args, kwargs):
             return hit
     memo: dict = {}
     out = run_meta(func, args, kwargs, memo)
+    check = _EAGER_CHECKS.get(func)
+    if check is not None:
+        check(func, _bind(func, args, kwargs))
     out = _wrapped_number_strides(func, args, kwargs, out)
     flat = _flat_tensors((args, list(kwargs.values())))
     after = {i: _desc(memo[id(t)]) for i, t in enumerate(flat) if id(t) in memo}
