@@ -68,21 +68,44 @@ def test_gather_with_a_float_index_raises_like_cpu(path, dev):
                    ["gather"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open bug (found here): indexing with a float tensor raises RuntimeError where CPU raises "
-    "IndexError (both paths; the meta kernel's check is re-raised as RuntimeError)"))
 def test_indexing_with_a_float_tensor_raises_index_error_like_cpu(path, dev):
     idx = torch.tensor([0.5])
     check_like_cpu(lambda x, i: x[i], (BASE.clone(), idx), (BASE.to(dev), idx.to(dev)),
                    ["index"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open bug (found here): mm of float32 and float64 computes (promoting) where CPU raises "
-    "'expected m1 and m2 to have the same dtype' (both paths)"))
 def test_matmul_of_two_dtypes_raises_like_cpu(path, dev):
     check_like_cpu(lambda a, b: torch.mm(a, b), (BASE.clone(), BASE.t().double()),
                    (BASE.to(dev), BASE.t().double().to(dev)), ["mm"])
+
+
+@pytest.mark.parametrize("fn,op", [
+    (lambda x, i: x[i.bool()[:2, :2]], "index"),
+    (lambda x, i: aten.index.Tensor(x, [i.long()[0, :1]] * 3), "index"),
+    (lambda x, i: x.index_put_((i[0, :1],), torch.tensor(1.).to(x.device)), "index_put"),
+    (lambda x, i: x.index_select(0, i[0, :1]), "index_select"),
+    (lambda x, i: x.index_add_(0, i[0, :1], torch.ones(1, 4).to(x.device)), "index_add"),
+    (lambda x, i: x.index_fill_(0, i[0, :1], 2.0), "index_fill"),
+    (lambda x, i: x.index_copy(0, i[0, :1].int(), torch.ones(1, 4).to(x.device)), "index_copy"),
+], ids=["mask of another shape", "too many indices", "index_put_ float index",
+        "index_select float index", "index_add_ float index", "index_fill_ float index",
+        "index_copy int32 index"])
+def test_index_of_a_wrong_kind_raises_like_cpu(path, dev, fn, op):
+    # The meta kernels check none of these, or raise RuntimeError where eager raises IndexError.
+    idx = torch.zeros(3, 4)
+    check_like_cpu(fn, (BASE.clone(), idx), (BASE.to(dev), idx.to(dev)), [op])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a, b: torch.addmm(a[:, :3], a, b),
+    lambda a, b: torch.addmm(b.t()[:, :3].double(), a, b.float()),
+    lambda a, b: torch.mv(a, b[:, 0]),
+    lambda a, b: torch.nn.functional.linear(a, b.t()),
+    lambda a, b: a[:, :3].clone().addmm_(a, b),
+], ids=["addmm mat2", "addmm self", "mv", "linear", "addmm_"])
+def test_matrix_products_of_two_dtypes_raise_like_cpu(path, dev, fn):
+    a, b = BASE.clone(), BASE.t().double()
+    check_like_cpu(fn, (a, b), (a.to(dev), b.to(dev)), ["addmm", "addmv", "aten.mm", "aten.mv"])
 
 
 def test_in_place_write_of_a_float_result_into_a_bool_tensor_raises_like_cpu(path, dev):
@@ -131,10 +154,6 @@ def test_out_of_range_index_raises_like_cpu_and_leaves_the_tensor_intact(path, d
         assert torch.equal(out.cpu(), expected_out)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open bug (found here, both paths): an out-of-range index error is eager's own, re-raised "
-    "from the CPU re-run without naming the op (host_values.py); e.g. index_select says only "
-    "'INDICES element is out of DATA bounds'"))
 @pytest.mark.parametrize("name", ["gather", "index_select"])
 def test_out_of_range_index_error_names_the_op(path, dev, name):
     fn, idx = INDEXERS[name]

@@ -104,7 +104,9 @@ def _in_range(t, size: int, negative_ok: bool) -> bool:
 
 
 def raise_like_cpu(func, args, kwargs):
-    """Run ``func`` on CPU copies of its inputs; eager's error (if any) propagates."""
+    """Run ``func`` on CPU copies of its inputs; eager's error (if any) propagates, its first line
+    eager's own words and a second naming the op (eager's own message does not, e.g.
+    index_select's "INDICES element is out of DATA bounds")."""
     def cpu(x):
         if isinstance(x, LazyTensor):
             return tracer.materialize_cpu(x).clone()
@@ -115,7 +117,11 @@ def raise_like_cpu(func, args, kwargs):
         if isinstance(x, torch.device):
             return torch.device("cpu")
         return x
-    func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
+    cargs, ckwargs = cpu(args), {k: cpu(v) for k, v in kwargs.items()}
+    try:
+        func(*cargs, **ckwargs)
+    except (RuntimeError, IndexError, ValueError, TypeError) as e:
+        tracer._reraise(e, func, (args, list(kwargs.values())))
 
 
 def _size(x, d) -> int:
@@ -149,8 +155,19 @@ for _ops, _spec in [
         _CHECKS[_op] = _spec
 
 
+# Ops whose eager kernel takes only int64 indices (the rest also take int32). Their meta kernels
+# mostly skip the index dtype check; a wrong dtype re-runs on the CPU for eager's own error.
+_LONG_ONLY = frozenset(op for op in _CHECKS if op._schema.name in (
+    "aten::index_copy", "aten::index_copy_", "aten::index_fill", "aten::index_fill_",
+    "aten::put", "aten::put_"))
+
+
 def _checked(cls, func, args, kwargs):
     bound = tracer._bind(func, args, kwargs)
+    index = bound.get("index")
+    if isinstance(index, torch.Tensor) and index.dtype is not torch.int64 and (
+            index.dtype is not torch.int32 or func in _LONG_ONLY):
+        raise_like_cpu(func, args, kwargs)
     for index, size, negative_ok in _CHECKS[func](bound):
         if isinstance(index, torch.Tensor) and not _in_range(index, size, negative_ok):
             raise_like_cpu(func, args, kwargs)
@@ -199,10 +216,35 @@ def _check_indices(func, args, kwargs, x, indices):
             raise_like_cpu(func, args, kwargs)
 
 
+def _check_index_types(func, x, indices, args) -> None:
+    """Eager's IndexErrors for index tensors (the meta kernel raises RuntimeError, or nothing)."""
+    def fail(message):
+        raise IndexError(f"{message}\n  (xla_compat: raised by {func} with inputs "
+                         f"{tracer.describe(args)})")
+    dim = 0
+    for i in indices:
+        if i is None:
+            dim += 1
+            continue
+        if i.dtype not in (torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool):
+            fail("tensors used as indices must be long, int, byte or bool tensors")
+        if i.dtype in (torch.bool, torch.uint8):
+            for k in range(i.dim()):
+                if dim + k < x.dim() and i.shape[k] != x.shape[dim + k]:
+                    fail(f"The shape of the mask {list(i.shape)} at index {k} does not match the "
+                         f"shape of the indexed tensor {list(x.shape)} at index {dim + k}")
+            dim += i.dim()
+        else:
+            dim += 1
+    if dim > x.dim():
+        fail(f"too many indices for tensor of dimension {x.dim()} (got {dim})")
+
+
 @tracer.special(aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
                 aten._index_put_impl_.default, aten._index_put_impl.default)
 def _index(cls, func, args, kwargs):
     x, indices, *rest = args
+    _check_index_types(func, x, indices, args)
     new = _integer_indices(cls, x, indices)
     if new is None:
         return tracer.decompose_or_fallback(cls, func, args, kwargs)

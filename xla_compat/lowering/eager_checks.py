@@ -1,0 +1,67 @@
+"""Argument checks eager makes and PyTorch's meta kernels skip, raised with eager's type and words.
+
+The tracer runs these beside an op's meta kernel (``tracer.eager_check``), so once per distinct
+signature. Without them the device would compute where CPU raises: ``mm`` of float32 and float64
+promotes on meta and on XLA, but is an error in eager.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..lazy import tracer
+
+aten = torch.ops.aten
+
+# c10's names for scalar types in "expected m1 and m2 to have the same dtype" (C++ type names).
+_CPP_NAME = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+             torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int",
+             torch.int16: "short int", torch.int8: "signed char", torch.uint8: "unsigned char",
+             torch.bool: "bool", torch.complex64: "c10::complex<float>",
+             torch.complex128: "c10::complex<double>"}
+
+
+def _overloads(*packets):
+    return [getattr(p, name) for p in packets for name in p.overloads()]
+
+
+def _raise(func, bound, message: str):
+    raise RuntimeError(f"{message}\n  (xla_compat: raised by {func} with inputs "
+                       f"{tracer.describe(list(bound.values()))})")
+
+
+def _dtype(t):
+    return t.dtype if isinstance(t, torch.Tensor) else None
+
+
+@tracer.eager_check(*_overloads(aten.mm))
+def _mm(func, b):
+    a, m = _dtype(b.get("self")), _dtype(b.get("mat2"))
+    if a is not None and m is not None and a != m:
+        _raise(func, b, f"expected m1 and m2 to have the same dtype, but got: "
+                        f"{_CPP_NAME.get(a, a)} != {_CPP_NAME.get(m, m)}")
+
+
+def _addmm_like(first: str, second: str):
+    def check(func, b):
+        s, m1, m2 = _dtype(b.get("self")), _dtype(b.get(first)), _dtype(b.get(second))
+        name = tracer._type_name
+        if s is not None and m2 is not None and s != m2:
+            _raise(func, b, f"self and mat2 must have the same dtype, but got {name(s)} and "
+                            f"{name(m2)}")
+        if m1 is not None and m2 is not None and m1 != m2:
+            _raise(func, b, f"mat1 and mat2 must have the same dtype, but got {name(m1)} and "
+                            f"{name(m2)}")
+    return check
+
+
+tracer.eager_check(*_overloads(aten.addmm, aten.addmm_))(_addmm_like("mat1", "mat2"))
+tracer.eager_check(*_overloads(aten.addbmm, aten.addbmm_))(_addmm_like("batch1", "batch2"))
+
+
+@tracer.eager_check(*_overloads(aten.mv))
+def _mv(func, b):
+    m, v = _dtype(b.get("self")), _dtype(b.get("vec"))
+    if m is not None and v is not None and m != v:
+        name = tracer._type_name     # eager's mv is addmv into a result of vec's dtype
+        _raise(func, b, f"addmv input tensors must have the same dtype, but got {name(v)}, "
+                        f"{name(m)}, and {name(v)}")
