@@ -8,6 +8,7 @@ traced through their functional variant and rebind the mutated tensors' values.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import NamedTuple
 
@@ -535,6 +536,37 @@ def check_result_cast(func, functional, f_call, mutated) -> None:
                 f"result type {_type_name(r.dtype)} can't be cast to the desired output type "
                 f"{_type_name(m.dtype)}\n  (xla_compat: raised by {func} with inputs "
                 f"{describe(f_call)})")
+
+
+def _non_overlapping_and_dense(shape, stride) -> bool:
+    expected = 1
+    for n, st in sorted(((n, st) for n, st in zip(shape, stride) if n != 1), key=lambda p: p[1]):
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def partial_overlap(a, b) -> bool:
+    """Eager's ``MemOverlapStatus::Partial`` for two tensors known to share one storage.
+
+    ``a`` and ``b`` are (shape, stride, storage_offset) in elements of one size. Like eager, only
+    non-overlapping dense layouts are compared (anything else is "too hard": no error); the same
+    range with other strides (``x.t()`` and ``x``) is partial, the same layout is not."""
+    (sa, ta, oa), (sb, tb, ob) = a, b
+    na, nb = math.prod(sa), math.prod(sb)
+    if not na or not nb:
+        return False
+    if not (_non_overlapping_and_dense(sa, ta) and _non_overlapping_and_dense(sb, tb)):
+        return False
+    if (oa, oa + na) == (ob, ob + nb):
+        return tuple(ta) != tuple(tb)
+    return oa < ob + nb and ob < oa + na
+
+
+PARTIAL_OVERLAP = ("unsupported operation: some elements of the input tensor and the written-to "
+                   "tensor refer to a single memory location. Please clone() the tensor before "
+                   "performing the operation.")
 
 
 def _type_name(dtype) -> str:
