@@ -16,6 +16,7 @@ from .wrap import after_sync as _after_sync
 from .wrap import roll_back as _roll_back
 from .wrap import alias_id, before_sync, inner, owns, probe, to_path, wrap
 from .writes import FunctionalizationLimit
+from . import writes_eager as _writes_eager
 
 VERSION = "1"
 
@@ -29,6 +30,7 @@ IMPL = _paths.PathImpl(
     extras={"alias_id": alias_id})
 
 _boundary.install()
+_writes_eager.install()
 _paths.register(IMPL)
 _executor.register_rebinder(_after_sync)
 _executor.register_failure_hook(_roll_back)

@@ -339,24 +339,49 @@ RESTRIDES[aten.set_.source_Tensor] = _set
 # ----------------------------------------------------------------------------------------------
 # Writes into views whose elements overlap: error exactly where eager errors.
 
+def _geometry(t: LegacyTensor):
+    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
+
+
 def check_overlapping_write(func, args, kwargs) -> None:
+    """Eager's overlap errors: a written tensor whose elements overlap (an expanded view), or an
+    input that partially overlaps the written tensor in their shared storage (``x.t().copy_(x)``).
+    A CPU probe over a shared zero storage decides whether this op checks (``fill_`` does not)."""
     names, _, _ = tracer.mutation_info(func)
     bound = tracer._bind(func, args, kwargs)
+    written = []
     for n in names:
         vals = bound.get(n)
-        for t in vals if isinstance(vals, (list, tuple)) else [vals]:
-            if (isinstance(t, LegacyTensor) and not views.injective(t._chain)
-                    and torch._debug_has_internal_overlap(meta_of(t)) == 1):
+        written += [t for t in (vals if isinstance(vals, (list, tuple)) else [vals])
+                    if isinstance(t, LegacyTensor)]
+    for t in written:
+        if (not views.injective(t._chain)
+                and torch._debug_has_internal_overlap(meta_of(t)) == 1):
+            _eager_probe(func, args, kwargs)
+            return
+    if not written:
+        return
+    for x in tracer._flat_tensors((args, list(kwargs.values()))):
+        if not isinstance(x, LegacyTensor) or any(x is t for t in written):
+            continue
+        for t in written:
+            if (x._alias is t._alias and x.element_size() == t.element_size()
+                    and tracer.partial_overlap(_geometry(t), _geometry(x))):
                 _eager_probe(func, args, kwargs)
                 return
 
 
 def _eager_probe(func, args, kwargs) -> None:
-    """Run ``func`` on CPU tensors of the same layouts (zeros) and re-raise an overlap error."""
+    """Run ``func`` on CPU tensors of the same layouts over one zero storage per alias, and
+    re-raise an overlap error."""
+    storages: dict = {}
+
     def cpu(x):
         if isinstance(x, LegacyTensor):
-            storage = torch.zeros(storage_elements(x), dtype=x.dtype)
-            return storage.as_strided(x.shape, x.stride(), x.storage_offset())
+            key = (id(x._alias), x.dtype)
+            if key not in storages:
+                storages[key] = torch.zeros(storage_elements(x), dtype=x.dtype)
+            return storages[key].as_strided(x.shape, x.stride(), x.storage_offset())
         if isinstance(x, (list, tuple)):
             return type(x)(cpu(e) for e in x)
         if isinstance(x, torch.device):
@@ -365,7 +390,7 @@ def _eager_probe(func, args, kwargs) -> None:
     try:
         func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
     except RuntimeError as e:
-        if "more than one element of the written-to tensor" in str(e):
+        if "unsupported operation" in str(e):
             tracer._reraise(e, func, args)
     except Exception:
         pass

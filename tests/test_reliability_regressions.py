@@ -22,13 +22,11 @@ def _eager_error(fn, *tensors):
     lambda t: t.clamp_min_(0.5),
     lambda t: t.t().div_(2),
     lambda t: torch.add(t, 0.5, out=t),
-], ids=["mul_", "add_", "clamp_min_", "div_ through a view", "add out="])
+    lambda t: t.t().mul_(0.5),
+    lambda t: t.sqrt_(),
+], ids=["mul_", "add_", "clamp_min_", "div_ through a view", "add out=", "mul_ through a view",
+        "sqrt_"])
 def test_int_tensor_written_with_a_float_result_raises_like_eager(path, dev, write, request):
-    if path == "functional" and request.node.callspec.id.split("-", 1)[1] in (
-            "mul_", "add out="):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open bug (reported): the functional path does not check an in-place/out= result "
-            "dtype against the written tensor (Functionalize runs the functional op and casts)")))
     cpu = torch.arange(4).reshape(2, 2)
     kind = _eager_error(write, cpu.clone())
     t = cpu.to(dev)
@@ -81,13 +79,53 @@ def test_strides_of_a_view_after_masked_fill_through_it_match_eager(path, dev, r
 
 
 def test_copy_from_a_partially_overlapping_source_raises_like_eager(path, dev, request):
-    request.applymarker(pytest.mark.xfail(strict=True, reason=(
-        "open bug (reported, both paths): a write whose source partially overlaps the written "
-        "tensor is computed instead of raising eager's 'unsupported operation'")))
     t = torch.arange(9.).reshape(3, 3).to(dev)
     with pytest.raises(RuntimeError, match="some elements of the input tensor"):
         t.t().copy_(t)
     assert torch.equal(t.cpu(), torch.arange(9.).reshape(3, 3))
+
+
+@pytest.mark.parametrize("write", [
+    lambda t: t[1:].copy_(t[:2]),
+    lambda t: t.copy_(t.t()),
+    lambda t: t.view(-1)[1:4].copy_(t.view(-1)[0:3]),
+], ids=["shifted rows", "transposed source", "shifted flat slices"])
+def test_more_partially_overlapping_copies_raise_like_eager(path, dev, write):
+    cpu = torch.arange(9.).reshape(3, 3)
+    with pytest.raises(RuntimeError, match="some elements of the input tensor") as eager:
+        write(cpu.clone())
+    t = cpu.to(dev)
+    with pytest.raises(RuntimeError, match="some elements of the input tensor") as got:
+        write(t)
+    assert str(got.value).splitlines()[0] == str(eager.value).splitlines()[0]
+    assert torch.equal(t.cpu(), cpu)
+
+
+@pytest.mark.parametrize("write", [
+    lambda t: t.copy_(t),
+    lambda t: t[0].copy_(t[:, 0]),      # a strided source: "too hard" for eager, so no error
+    lambda t: t.copy_(t.detach()),
+    lambda t: t.copy_(t.clone().t()),
+    lambda t: t.t().mul_(t.t()),
+], ids=["itself", "strided column into a row", "detached self", "a transposed clone",
+        "the same view twice"])
+def test_copies_eager_allows_between_views_of_one_storage_match_eager(path, dev, write):
+    cpu = torch.arange(9.).reshape(3, 3)
+    t = cpu.to(dev)
+    write(cpu)
+    write(t)
+    assert torch.equal(t.cpu(), cpu)
+
+
+def test_polygamma_in_place_matches_eager(path, dev):
+    # Conformance (polygamma.polygamma_n_0.inplace): upstream has no functionalization kernel
+    # for polygamma_ (its functional op takes n first), so the functional path raised.
+    cpu = torch.linspace(0.5, 3.0, 6).reshape(2, 3)
+    t = cpu.to(dev)
+    for write in (lambda x: x.polygamma_(0), lambda x: x.t().polygamma_(1)):
+        write(cpu)
+        write(t)
+        torch.testing.assert_close(t.cpu(), cpu, rtol=1e-4, atol=1e-5)
 
 
 def test_an_empty_as_strided_of_a_view_may_start_past_the_view(path, dev):
