@@ -16,7 +16,7 @@ from xla_compat import _jax, metrics
 from xla_compat.lazy import ir, tracer
 from xla_compat.lazy.tensor import LazyTensor
 
-from . import strides, writes
+from . import strides, viewchain, writes
 
 aten = torch.ops.aten
 _state = threading.local()
@@ -44,7 +44,9 @@ class FunctionalInner(LazyTensor):
                 out = handler(cls, func, args, kwargs)
                 if out is not NotImplemented:
                     return out
-            out = tracer.trace(cls, func, args, kwargs)
+            out = viewchain.trace(cls, func, args, kwargs)
+            if out is NotImplemented:
+                out = tracer.trace(cls, func, args, kwargs)
             geometry = strides.eager_geometry(func, args, kwargs)
             return _restride(cls, out, geometry) if geometry else out
         finally:

@@ -13,6 +13,8 @@ from typing import Optional
 
 import torch
 
+from xla_compat.lazy.tracer import _key_of
+
 aten = torch.ops.aten
 
 
@@ -54,18 +56,39 @@ def _to_meta(x):
     return x
 
 
+_GEOMETRY: dict = {}
+_GEOMETRY_LIMIT = 65536
+
+
 def eager_geometry(func, args, kwargs) -> Optional[list]:
     """[(strides, storage_offset)] of each output of the view ``func`` copies, as eager has them.
 
     None when ``func`` is not a view copy or the view cannot be taken with these strides (eager
     would have copied, e.g. ``reshape`` of a transposed tensor): the contiguous result stands.
+    Cached on the op and its arguments' geometry and static values (the tracer's meta-cache key),
+    so a traced loop takes each distinct view on meta tensors once.
     """
     view = view_op_of(func)
     if view is None:
         return None
+    parts = [func]
+    key = None
+    if _key_of(args, parts) and _key_of(tuple(sorted(kwargs.items())), parts):
+        key = tuple(parts)
+        hit = _GEOMETRY.get(key, _GEOMETRY)
+        if hit is not _GEOMETRY:
+            return hit
     try:
         out = view(*_to_meta(args), **_to_meta(kwargs))
     except Exception:
-        return None
-    outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    return [(o.stride(), o.storage_offset()) for o in outs]
+        out = None
+    if out is None:
+        geometry = None
+    else:
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        geometry = [(tuple(o.stride()), o.storage_offset()) for o in outs]
+    if key is not None:
+        if len(_GEOMETRY) >= _GEOMETRY_LIMIT:
+            _GEOMETRY.clear()
+        _GEOMETRY[key] = geometry
+    return geometry

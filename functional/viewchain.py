@@ -1,0 +1,327 @@
+"""Writes through chains of views as ONE update of the root value (issue 8), functional path.
+
+Functionalization writes ``cache.transpose(3, 4)[..., t] += 0.5`` back as
+``transpose_copy(select_scatter(transpose_copy(cache), new, 4, t))``: the whole cache transposed
+there and back for a one-slice write. Here each view copy remembers its chain of view steps from
+the root value it reads, a scatter through a chain becomes one ``WriteThrough`` node on the root
+(the chain composed into one box of the root: a dynamic_update_slice, or one scatter for strided
+slices), and the inverse view that ends the write-back pops the chain instead of transposing.
+Three rewrites keep repeated writes of one place cheap: a read of exactly the box a write just
+wrote is that write's source, re-laid out; a write over exactly the box of the write below it
+replaces it; writing back what is already there is no write.
+
+Handled: transpose/permute/t, select and slice (their ``*_copy`` and ``*_scatter`` ops); a
+``copy(dst, src)`` of equal shape and dtype is seen through (it is ``src``). Anything else is
+traced as before; a chain containing another kind of view is simply not known here.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+import torch
+
+from xla_compat import metrics, settings
+from xla_compat.lazy import ir, tracer
+from xla_compat.lazy.ir import Aval, Node, Slot, Value
+from xla_compat.lazy.tensor import LazyTensor, lock
+
+aten = torch.ops.aten
+
+
+# ----------------------------------------------------------------------------------------------
+# View steps and their composition into one box of the root.
+
+@dataclass(frozen=True)
+class Permute:
+    """View dim i is dim ``dims[i]`` of the tensor the step applies to."""
+
+    dims: tuple
+
+
+@dataclass(frozen=True)
+class Select:
+    """Drops ``dim`` at ``index`` (non-negative)."""
+
+    dim: int
+    index: int
+
+
+@dataclass(frozen=True)
+class Slice:
+    """``start:end:step`` along ``dim`` (bounds normalised as torch does)."""
+
+    dim: int
+    start: int
+    end: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Box:
+    """Where a chain of steps puts a view in its root: per root dim ``(start, size, step, kept)``
+    (``kept`` False: selected away), and ``order``, the root dim of each view dim."""
+
+    dims: tuple
+    order: tuple
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.dims[b][1] for b in self.order)
+
+    @property
+    def positions(self) -> tuple:
+        """The set of root elements covered (equal tuples, equal sets)."""
+        if any(d[1] == 0 for d in self.dims):
+            return ()
+        return tuple((s, n, st if n > 1 else 1) for s, n, st, _ in self.dims)
+
+    def _kept(self) -> list:
+        return [b for b, d in enumerate(self.dims) if d[3]]
+
+    def to_box_layout(self, value):
+        """A view-shaped value in root-dim order with size-1 dims where dims were selected."""
+        kept = self._kept()
+        value = jnp.transpose(value, [self.order.index(b) for b in kept])
+        return jnp.reshape(value, tuple(d[1] for d in self.dims))
+
+    def from_box_layout(self, value):
+        kept = self._kept()
+        value = jnp.reshape(value, tuple(self.dims[b][1] for b in kept))
+        return jnp.transpose(value, [kept.index(b) for b in self.order])
+
+    def read(self, root):
+        if not self.positions:
+            return jnp.zeros(self.shape, root.dtype)
+        starts = [s for s, _, _, _ in self.dims]
+        limits = [s + (n - 1) * st + 1 for s, n, st, _ in self.dims]
+        strides = [st for _, _, st, _ in self.dims]
+        return self.from_box_layout(lax.slice(root, starts, limits, strides))
+
+    def write(self, root, src):
+        if not self.positions:
+            return root
+        value = self.to_box_layout(src).astype(root.dtype)
+        if all(n <= 1 or st == 1 for _, n, st, _ in self.dims):
+            return lax.dynamic_update_slice(root, value, [s for s, _, _, _ in self.dims])
+        index = tuple(slice(s, s + (n - 1) * st + 1, st) for s, n, st, _ in self.dims)
+        return root.at[index].set(value)
+
+
+def compose(shape: tuple, chain: tuple) -> Box:
+    dims = [[0, n, 1, True] for n in shape]
+    order = list(range(len(shape)))
+    for step in chain:
+        if type(step) is Permute:
+            order = [order[d] for d in step.dims]
+        elif type(step) is Select:
+            b = order.pop(step.dim)
+            s, _, st, _ = dims[b]
+            dims[b] = [s + step.index * st, 1, 1, False]
+        else:
+            b = order[step.dim]
+            s, _, st, _ = dims[b]
+            n = len(range(step.start, step.end, step.step))
+            dims[b] = [s + step.start * st, n, st * step.step, True]
+    return Box(tuple(tuple(d) for d in dims), tuple(order))
+
+
+def undoes(last, step) -> bool:
+    """Does ``step`` applied after ``last`` give back the tensor ``last`` applied to?"""
+    return (type(last) is Permute and type(step) is Permute and len(last.dims) == len(step.dims)
+            and all(last.dims[q] == i for i, q in enumerate(step.dims)))
+
+
+# ----------------------------------------------------------------------------------------------
+# IR rules (frozen, hashable: they are part of the compile-cache key).
+
+@dataclass(frozen=True)
+class ViewRead:
+    """The view ``box`` of the root (a lax.slice, then a reshape and transpose of the slice)."""
+
+    box: Box
+
+    def __call__(self, root):
+        return self.box.read(root)
+
+
+@dataclass(frozen=True)
+class WriteThrough:
+    """The root with ``src`` written where ``box`` views it: one update of the root."""
+
+    box: Box
+
+    def __call__(self, root, src):
+        return self.box.write(root, src)
+
+
+@dataclass(frozen=True)
+class Relayout:
+    """The values a write of ``src`` through ``wrote`` put where ``read`` views them."""
+
+    wrote: Box
+    read: Box
+
+    def __call__(self, src):
+        return self.read.from_box_layout(self.wrote.to_box_layout(src))
+
+
+# Side tables on nodes (weak: a node synced away drops its entry).
+_reads: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()   # (root, chain)
+_writes: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()  # (root, src, box)
+
+
+def chain_of(v: Value) -> tuple:
+    """(root value, chain of steps) with ``v`` = the chain applied to the root."""
+    hit = _reads.get(v.node) if v.index == 0 else None
+    return hit if hit is not None else (v, ())
+
+
+def write_of(v: Value):
+    return _writes.get(v.node) if v.index == 0 else None
+
+
+def _node(op: str, rule, inputs: tuple, aval: Aval) -> Value:
+    source = ir.user_frame() if settings.get().ir_debug else None
+    node = Node(op, rule, tuple(Slot(i) for i in range(len(inputs))), (), inputs, (aval,), source)
+    metrics.inc("IrNodes")
+    return Value(node, 0)
+
+
+def read_value(root: Value, chain: tuple) -> Value:
+    if not chain:
+        return root
+    box = compose(root.aval.shape, chain)
+    v = _node("functional.view_read", ViewRead(box), (root,), Aval(box.shape, root.aval.dtype))
+    _reads[v.node] = (root, chain)
+    return v
+
+
+def write_value(root: Value, src: Value, box: Box) -> Value:
+    v = _node("functional.write_through", WriteThrough(box), (root, src), root.aval)
+    _writes[v.node] = (root, src, box)
+    return v
+
+
+# ----------------------------------------------------------------------------------------------
+# The ops.
+
+def _norm_dim(d: int, ndim: int) -> int:
+    return d % max(ndim, 1) if d < 0 else d
+
+
+def _step(func, a: dict, shape: tuple):
+    """The view step ``func`` (a view copy or a scatter) takes with bound arguments ``a``."""
+    nd = len(shape)
+    if func in (aten.transpose_copy.int,):
+        if nd < 2:
+            return None
+        d0, d1 = _norm_dim(a["dim0"], nd), _norm_dim(a["dim1"], nd)
+        dims = list(range(nd))
+        dims[d0], dims[d1] = dims[d1], dims[d0]
+        return Permute(tuple(dims))
+    if func is aten.t_copy.default:
+        return Permute((1, 0)) if nd == 2 else None
+    if func is aten.permute_copy.default:
+        return Permute(tuple(_norm_dim(d, nd) for d in a["dims"])) if nd else None
+    if nd == 0:
+        return None
+    d = _norm_dim(a.get("dim", 0), nd)
+    if func in (aten.select_copy.int, aten.select_scatter.default):
+        i = a["index"]
+        i = i + shape[d] if i < 0 else i
+        return Select(d, i) if 0 <= i < shape[d] else None
+    step = a.get("step", 1)
+    if step is None or step <= 0:
+        return None
+    size = shape[d]
+    start = 0 if a.get("start") is None else a["start"]
+    end = size if a.get("end") is None else a["end"]
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return Slice(d, start, end, step)
+
+
+_VIEWS = frozenset({aten.transpose_copy.int, aten.t_copy.default, aten.permute_copy.default,
+                    aten.select_copy.int, aten.slice_copy.Tensor})
+_SCATTERS = frozenset({aten.select_scatter.default, aten.slice_scatter.default})
+OPS = _VIEWS | _SCATTERS
+
+
+def trace(cls, func, args, kwargs):
+    """The inner tensor ``func`` gives, or NotImplemented where the ordinary tracer should run."""
+    if func not in OPS:
+        return NotImplemented
+    x = args[0] if args else None
+    if not isinstance(x, LazyTensor) or (func in _SCATTERS and not isinstance(
+            args[1] if len(args) > 1 else kwargs.get("src"), LazyTensor)):
+        return NotImplemented
+    with lock:
+        a = tracer._bind(func, args, kwargs)
+        step = _step(func, a, tuple(x.shape))
+        if step is None:
+            return NotImplemented
+        if func in _VIEWS:
+            return _view(cls, func, args, kwargs, x, step)
+        return _scatter(cls, func, args, kwargs, x, a["src"], step)
+
+
+def _result(cls, func, args, kwargs, value: Value):
+    out, _ = tracer.meta(func, args, kwargs)     # eager's checks and the output's layout
+    return cls(value, out.shape, out.dtype, out.stride, out.offset)
+
+
+def _copied(v: Value) -> Value:
+    """``v`` without a ``copy(dst, src)`` of equal shape and dtype on top (that is ``src``)."""
+    node = v.node
+    if node.op == "aten.copy.default" and len(node.inputs) == 2:
+        dst, src = node.inputs
+        if dst.aval == src.aval:
+            return src
+    return v
+
+
+def _view(cls, func, args, kwargs, x, step):
+    root, chain = chain_of(x._value)
+    if chain and undoes(chain[-1], step):
+        return _result(cls, func, args, kwargs, read_value(root, chain[:-1]))
+    chain = chain + (step,)
+    w = write_of(root)
+    if w is not None:
+        wrote = w[2]
+        box = compose(root.aval.shape, chain)
+        if box.positions == wrote.positions:
+            src = _copied(w[1])
+            same = box == wrote and src.aval.dtype == root.aval.dtype
+            value = src if same else _node("functional.relayout", Relayout(wrote, box), (src,),
+                                           Aval(box.shape, root.aval.dtype))
+            return _result(cls, func, args, kwargs, value)
+    out = tracer.trace(cls, func, args, kwargs)
+    _reads[out._value.node] = (root, chain)
+    return out
+
+
+def _scatter(cls, func, args, kwargs, y, src, step):
+    root, chain = chain_of(y._value)
+    below = write_of(root)
+    if not chain and below is None:
+        out = tracer.trace(cls, func, args, kwargs)
+        _writes[out._value.node] = (root, src._value, compose(root.aval.shape, (step,)))
+        return out
+    box = compose(root.aval.shape, chain + (step,))
+    value = _copied(src._value)
+    s_root, s_chain = chain_of(value)
+    if s_root == root and s_chain and compose(root.aval.shape, s_chain) == box:
+        written = root                           # writing back what is there
+    elif below is not None and below[2] == box and _copied(below[1]) == value:
+        written = root                           # the same write again
+    elif below is not None and below[2].positions == box.positions:
+        written = write_value(below[0], src._value, box)   # overwrites the write below
+    else:
+        written = write_value(root, src._value, box)
+    return _result(cls, func, args, kwargs, read_value(written, chain))
