@@ -10,14 +10,25 @@ wrapper's inner tensor, so the inner tensor never sees the original op. Where it
 * ``copy(dst, src)`` is the functional half of ``copy_``: a source that partially overlaps the
   destination in one storage (``x.t().copy_(x)``) raises as eager does. Two inner tensors share a
   storage when their values come from one value through view copies only.
+* For an in-place op, the Functionalize kernel first runs the *original* op's meta kernel on
+  meta twins of the wrappers (its "meta reference"). Where that kernel is Python (``add_``,
+  ``mul_``, ``masked_fill_``, ... see ``_META_HOOKED``; ``copy_``'s is C++) it is wrapped: inside a
+  meta reference (Functionalize and Python keys excluded) its errors name the op, a write into
+  an internally overlapping view raises as eager does (checked by running the op on CPU zeros
+  of the same layout; where eager allows it, e.g. ``fill_``, a ``FunctionalizationLimit``,
+  since upstream writes such a view back as the sum of every element's change), and the written tensor's layout is handed to the functional op that
+  follows, whose result takes it (an in-place op never changes strides in eager). Elsewhere the
+  wrapped kernel is the original.
 * ``polygamma_`` has no functionalization kernel upstream (its functional op takes ``n`` first):
   one is registered here, as ``self.copy_(polygamma(n, self))``.
 """
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
+from torch._decomp import global_decomposition_table
 
 from xla_compat.lazy import tracer
 from xla_compat.lazy.ir import Slot
@@ -105,6 +116,97 @@ def _copy(cls, func, args, kwargs):
     return _copy_next(cls, func, args, kwargs) if _copy_next is not None else NotImplemented
 
 
+# In-place ops whose meta kernel is Python (the others' meta kernels are C++ and stay as they are).
+_META_HOOKED = tuple(getattr(getattr(aten, n), o) for n, o in (
+    ("add_", "Tensor"), ("add_", "Scalar"), ("sub_", "Tensor"), ("sub_", "Scalar"),
+    ("mul_", "Tensor"), ("mul_", "Scalar"), ("div_", "Tensor"), ("div_", "Scalar"),
+    ("addcmul_", "default"), ("addcdiv_", "default"), ("lerp_", "Scalar"), ("lerp_", "Tensor"),
+    ("fill_", "Scalar"), ("fill_", "Tensor"), ("zero_", "default"),
+    ("masked_fill_", "Scalar"), ("masked_scatter_", "default"), ("index_put_", "default"),
+    ("relu_", "default"), ("logical_and_", "default"), ("logical_or_", "default"),
+    ("logical_xor_", "default"), ("logical_not_", "default"), ("scatter_", "src"),
+    ("scatter_", "value"), ("scatter_add_", "default")))
+_FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
+_PYTHON = torch._C.DispatchKey.Python
+_state = threading.local()
+
+
+def _in_meta_reference() -> bool:
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+    return excluded(_FUNCTIONALIZE) and excluded(_PYTHON)
+
+
+def _overlap_probe(op, args, kwargs) -> None:
+    """Run ``op`` on CPU zeros laid out as the meta twins; re-raise an overlap error."""
+    from .strides import storage_extent
+
+    def cpu(x):
+        if isinstance(x, torch.Tensor):
+            n = max(storage_extent(tuple(x.shape), x.stride(), x.storage_offset()), 1)
+            return torch.zeros(n, dtype=x.dtype).as_strided(x.shape, x.stride(),
+                                                              x.storage_offset())
+        if isinstance(x, (list, tuple)):
+            return type(x)(cpu(e) for e in x)
+        return x
+    try:
+        op(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
+    except RuntimeError as e:
+        if "unsupported operation" in str(e):
+            tracer._reraise(e, op, (args, list(kwargs.values())))
+
+
+def _meta_hook(op, original):
+    functional = tracer.mutation_info(op)[2]
+
+    def meta_reference(*args, **kwargs):
+        if not _in_meta_reference():
+            return original(*args, **kwargs)
+        _state.pending = None
+        try:
+            out = original(*args, **kwargs)
+        except Exception as e:        # eager's error, naming the op (the meta kernel does not)
+            tracer._reraise(e, op, (args, list(kwargs.values())))
+        self = args[0]
+        if torch._debug_has_internal_overlap(self) == 1:
+            _overlap_probe(op, args, kwargs)
+            from .writes import FunctionalizationLimit
+            raise FunctionalizationLimit(   # eager allows it; upstream would sum the writes
+                f"xla_compat: {op} writes into a view whose elements overlap (size "
+                f"{list(self.shape)}, stride {list(self.stride())}, e.g. from expand). Eager "
+                f"writes the shared elements once; functionalization writes such a view back "
+                f"as the sum of every element's change, which is wrong, so the functional "
+                f"path refuses it. Write into the base tensor instead, or .clone() the view.")
+        if functional is not None:
+            _state.pending = (functional, tuple(self.shape), self.dtype, tuple(self.stride()),
+                              self.storage_offset())
+        return out
+    return meta_reference
+
+
+def _keep_written_layout(next_handler):
+    """A handler for a functional op: after an in-place op's meta reference, its result takes
+    the written tensor's strides (eager's in-place op keeps them)."""
+    def handler(cls, func, args, kwargs):
+        pending = getattr(_state, "pending", None)
+        if pending is None:
+            return next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
+        _state.pending = None
+        f, shape, dtype, stride, offset = pending
+        x = args[0] if args else None
+        if (f is not func or not isinstance(x, LazyTensor) or tuple(x.shape) != shape
+                or x.dtype != dtype or tuple(x.stride()) != stride
+                or x.storage_offset() != offset):
+            return next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
+        out = next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
+        if out is NotImplemented:
+            out = tracer.trace(cls, func, args, kwargs)
+        if (isinstance(out, LazyTensor) and tuple(out.shape) == shape
+                and (tuple(out.stride()), out.storage_offset()) != (stride, offset)):
+            out = cls(out._value, shape, out.dtype, stride, offset)
+        return out
+    return handler
+
+
 def _polygamma_(self, n):
     return self.copy_(torch.polygamma(n, self))
 
@@ -121,3 +223,12 @@ def install() -> None:
     handles(aten.copy.default)(_copy)
     _lib = torch.library.Library("aten", "IMPL")
     _lib.impl("polygamma_", _polygamma_, "Functionalize")
+    meta_kernels = global_decomposition_table["meta"]
+    for op in _META_HOOKED:
+        original = meta_kernels.get(op)
+        if original is None:
+            continue
+        _lib.impl(op, _meta_hook(op, original), "Meta")
+        functional = tracer.mutation_info(op)[2]
+        if functional is not None:
+            handles(functional)(_keep_written_layout(_HANDLERS.get(functional)))

@@ -53,10 +53,6 @@ def check_like_cpu(fn, cpu_args, dev_args, op_words):
     (lambda x: torch.cat([x, torch.ones(2, 3, device=x.device)]), "cat"),
 ], ids=["broadcast", "matmul", "view", "in-place add", "cat"])
 def test_shape_mismatch_raises_like_cpu_and_names_the_op(path, dev, fn, op, request):
-    if path == "functional" and op == "add" and "in-place" in request.node.callspec.id:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open bug (found here): on the functional path an in-place op whose operand does not "
-            "broadcast raises RuntimeError without naming the op (no 'raised by aten.add_')")))
     check_like_cpu(fn, (BASE.clone(),), (BASE.to(dev),), [op])
 
 

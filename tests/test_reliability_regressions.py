@@ -47,14 +47,52 @@ def test_int_tensor_written_with_an_int_result_matches_eager(path, dev, write):
 
 
 def test_write_to_an_expanded_view_raises_like_eager(path, dev, request):
-    if path == "functional":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open bug (reported): the functional path writes through an expanded view "
-            "(every element gets the result) where eager raises")))
     base = torch.tensor(1.).to(dev)
     with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
         base.expand(3).add_(1)
     assert base.item() == 1.0
+
+
+@pytest.mark.parametrize("write", [
+    lambda v: v.mul_(2), lambda v: v.sub_(1), lambda v: v.div_(2),
+    lambda v: v.lerp_(torch.ones(3).to(v.device), 0.5),
+    lambda v: v.addcmul_(torch.ones(3).to(v.device), torch.ones(3).to(v.device)),
+], ids=["mul_", "sub_", "div_", "lerp_", "addcmul_"])
+def test_more_writes_to_an_expanded_view_raise_like_eager(path, dev, write):
+    base = torch.tensor(1.).to(dev)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        write(base.expand(3))
+    assert base.item() == 1.0
+
+
+def test_a_fill_of_an_expanded_view_is_eager_or_a_clear_error(path, dev):
+    # Eager allows fill_ on an expanded view (the shared element is written once). Upstream
+    # functionalization would write it back as the sum of the three changes (base 4, not 2).
+    base = torch.tensor([1.]).to(dev)
+    if path == "functional":
+        from xla_compat.functional.writes import FunctionalizationLimit
+        with pytest.raises(FunctionalizationLimit, match="clone"):
+            base.expand(3).fill_(2.0)
+        assert base.item() == 1.0
+    else:
+        base.expand(3).fill_(2.0)
+        assert base.item() == 2.0
+
+
+@pytest.mark.parametrize("write", [
+    lambda v: v.add_(torch.ones(4, 3).to(v.device)),
+    lambda v: v.mul_(torch.arange(3.).to(v.device)),
+    lambda v: v.masked_fill_(torch.ones(4, 3, dtype=torch.bool).to(v.device), 1.0),
+], ids=["add_ of a contiguous operand", "mul_ of a broadcast row", "masked_fill_ of a mask"])
+def test_an_in_place_op_through_a_transposed_view_keeps_its_strides(path, dev, write):
+    cpu = torch.zeros(3, 4)
+    v_cpu = cpu.t()
+    write(v_cpu)
+    x = torch.zeros(3, 4).to(dev)
+    v = x.t()
+    write(v)
+    assert v.stride() == v_cpu.stride()
+    assert torch.equal(x.cpu(), cpu) and torch.equal(v.cpu(), v_cpu)
 
 
 def test_as_strided_beyond_the_storage_raises_like_eager(path, dev):
@@ -64,10 +102,6 @@ def test_as_strided_beyond_the_storage_raises_like_eager(path, dev):
 
 
 def test_strides_of_a_view_after_masked_fill_through_it_match_eager(path, dev, request):
-    if path == "functional":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open bug (reported): after masked_fill_ through x.mT the view reports contiguous "
-            "strides on the functional path")))
     cpu = torch.arange(8.).reshape(2, 2, 2)
     v_cpu = cpu.mT
     v_cpu.masked_fill_(v_cpu > 1, 0.5)
