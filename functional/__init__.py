@@ -10,6 +10,7 @@ from xla_compat import executor as _executor
 from xla_compat import paths as _paths
 from xla_compat.lazy.ir import skip_frames_in
 
+from . import assign as _assign
 from . import boundary as _boundary
 from .inner import FunctionalInner
 from .wrap import after_sync as _after_sync
@@ -26,7 +27,7 @@ skip_frames_in(__path__[0])
 IMPL = _paths.PathImpl(
     name="functional", version=VERSION, torch_versions=">=2.13,<2.15",
     tensor_cls=FunctionalInner, wrap=wrap, inner=inner, owns=owns, before_sync=before_sync,
-    probe=probe, to_path=to_path,
+    probe=probe, to_path=to_path, assign=_assign.assign,
     extras={"alias_id": alias_id})
 
 _boundary.install()

@@ -21,6 +21,7 @@ from .dualrun import MismatchError, dual_run, dual_run_step, lockstep
 from .lazy.tensor import LazyTensor
 from .lazy.tracer import LoweringError, UnsupportedOpError
 from .distributed.spmd import Mesh, clear_sharding, mark_sharding
+from .capture import CapturedStep, compile
 
 __version__ = "0.1.0"
 
@@ -75,4 +76,4 @@ def wait_device_ops() -> None:
 __all__ = ["device", "sync", "mark_step", "hlo_text", "manual_seed", "metrics", "LazyTensor",
            "LoweringError", "UnsupportedOpError", "wait_device_ops", "path", "explain", "use_path",
            "to_path", "PathUnavailableError", "dual_run", "dual_run_step", "lockstep",
-           "MismatchError", "Mesh", "mark_sharding", "clear_sharding"]
+           "MismatchError", "Mesh", "mark_sharding", "clear_sharding", "compile", "CapturedStep"]

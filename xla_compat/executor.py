@@ -8,6 +8,7 @@ it with ``jax.jit``. A failure anywhere leaves every tensor with the value it ha
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 import weakref
@@ -369,13 +370,15 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
             held = _held_leaf_ids(exclude={id(t) for t in pending})
             donatable = {id(n) for n in _leaf_candidates(roots)} - held
         try:
-            outputs = _execute(roots, donatable)
+            graph, compiled, outputs = _execute(roots, donatable)
         except BaseException as e:
             _rollback(pending, e)
             raise
         mapping: dict = {}
         for v, arr in zip(roots, outputs):
             mapping[v] = ir.leaf(arr)
+        for runs in _recorders:
+            runs.append((graph, compiled, mapping))
         for t in live_tensors():
             new = mapping.get(t._value)
             if new is not None:
@@ -393,6 +396,16 @@ _extra_root_fns: list = []
 def register_extra_roots(fn) -> None:
     """``fn()`` yields pending Values that a full sync must also materialise."""
     _extra_root_fns.append(fn)
+
+
+@contextlib.contextmanager
+def extra_roots(fn):
+    """Inside the block, full syncs also materialise the Values ``fn()`` yields."""
+    _extra_root_fns.append(fn)
+    try:
+        yield
+    finally:
+        _extra_root_fns.remove(fn)
 
 
 def _extra_roots() -> list:
@@ -415,11 +428,24 @@ def _leaf_candidates(roots):
     return out
 
 
-def _execute(roots: list[Value], donatable: set) -> list:
+def _execute(roots: list[Value], donatable: set):
+    """(graph, executable, output arrays in root order) of running the graph of ``roots``."""
     global _last_compiled
     graph = collect(roots, donatable)
     params = _params(graph)
     metrics.sample("IrGraphSize", len(graph.nodes), unit=" nodes")
+    direct = _direct(graph)
+    if direct is not None:          # a replayed step (capture.py): its recorded executable
+        metrics.inc("CachedCompile")
+        _last_compiled = direct
+        _before_execute(graph)
+        start = time.perf_counter_ns()
+        outs = direct(*params)
+        metrics.sample("ExecuteTime", time.perf_counter_ns() - start)
+        _note_dispatched(outs)
+        if graph.donate:
+            metrics.inc("InputOutputAliasCount", len(graph.donate))
+        return graph, direct, [outs[v.index] for v in graph.roots]
     compiled = cache.get(graph.key)
     if compiled is None:
         metrics.inc("UncachedCompile")
@@ -435,7 +461,35 @@ def _execute(roots: list[Value], donatable: set) -> list:
     _note_dispatched(outputs)
     if graph.donate:
         metrics.inc("InputOutputAliasCount", len(graph.donate))
-    return outputs
+    return graph, compiled, outputs
+
+
+def _direct(graph: Graph):
+    """The executable a one-node graph's rule brings along (a replayed step), if it fits."""
+    if len(graph.nodes) != 1:
+        return None
+    direct = getattr(graph.nodes[0].rule, "direct", None)
+    return direct(graph) if direct is not None else None
+
+
+# Lists that each successful sync appends (graph, executable, {root: new leaf}) to (capture.py).
+_recorders: list = []
+
+
+@contextlib.contextmanager
+def recording(runs: list):
+    """Append every sync inside the block to ``runs``."""
+    _recorders.append(runs)
+    try:
+        yield runs
+    finally:
+        _recorders.remove(runs)
+
+
+def sync_all() -> None:
+    """A full sync as ``xc.sync()`` does it (paths apply pending alias updates first)."""
+    from . import sync
+    sync()
 
 
 _fault_hooks: list = []

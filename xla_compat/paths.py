@@ -30,6 +30,12 @@ def _always() -> Optional[str]:
     return None
 
 
+def _assign_value(t, value) -> None:
+    """``t`` (a user-visible tensor) now holds ``value`` (same shape and dtype), as an in-place
+    write of the whole tensor would leave it: paths whose tensors hold their value directly."""
+    inner_tensor(t)._value = value
+
+
 @dataclass(frozen=True)
 class PathImpl:
     """What a path provides to the core and the dispatch layer."""
@@ -44,6 +50,7 @@ class PathImpl:
     before_sync: Callable = _nothing         # apply pending alias updates (tensors or None=all)
     probe: Callable = _always                # None if this torch can run the path, else why not
     to_path: Callable = None                 # copy a tensor of another path onto this one
+    assign: Callable = _assign_value         # t now holds a Value (a whole-tensor write)
     extras: dict = field(default_factory=dict)
 
 

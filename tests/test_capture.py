@@ -1,0 +1,302 @@
+"""Step capture (``xc.compile``): a recorded step replays without tracing and computes what CPU
+eager computes, on both paths; guards re-trace when the step's inputs change; steps that cannot
+be replayed say why and still run."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import xla_compat as xc
+from xla_compat import executor
+from xla_compat.debug import metrics as met
+
+from .conftest import assert_same
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3))
+
+
+def _batches(n=6, batch=5):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(batch, 6, generator=g), torch.randn(batch, 3, generator=g))
+            for _ in range(n)]
+
+
+def _train(model, opt, batches, step):
+    losses = []
+    for x, y in batches:
+        losses.append(step(model, opt, x, y))
+    return losses
+
+
+def _eager_step(model, opt, x, y):
+    opt.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def test_a_captured_training_loop_replays_and_matches_eager(path, dev):
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1, momentum=0.9)
+    batches = _batches()
+    want = _train(cpu_model, cpu_opt, batches, _eager_step)
+
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = xc.compile(_eager_step)
+    on_device = [(x.to(dev), y.to(dev)) for x, y in batches]
+    got, compiles, donated = [], [], []
+    for x, y in on_device:
+        got.append(step(model, opt, x, y))
+        compiles.append(met.counter_value("UncachedCompile") or 0)
+        donated.append(met.counter_value("InputOutputAliasCount") or 0)
+    for g, w in zip(got, want):
+        assert_same(g, w)
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p, q.detach())
+        assert_same(p.grad, q.grad)
+    for (_, p), (_, q) in zip(sorted(opt.state.items(), key=lambda kv: kv[0].shape),
+                              sorted(cpu_opt.state.items(), key=lambda kv: kv[0].shape)):
+        assert_same(p["momentum_buffer"], q["momentum_buffer"])
+    # Call 1 records a step without optimizer state, call 2 the steady step; then replays.
+    assert step.stats["recorded"] == 2 and step.stats["replays"] == len(batches) - 2
+    assert compiles[-1] == compiles[2], "a replayed step compiled"
+    assert all(b > a for a, b in zip(donated[2:], donated[3:])), "replays must donate"
+
+
+def test_replay_skips_tracing(path, dev):
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = xc.compile(_eager_step)
+    x, y = (t.to(dev) for t in _batches(1)[0])
+    for _ in range(3):
+        step(model, opt, x, y)
+    before = met.counter_value("IrNodes") or 0
+    step(model, opt, x, y)
+    # One replay node, however many ops the step has.
+    assert (met.counter_value("IrNodes") or 0) - before == 1
+
+
+def test_adam_with_capturable_state_replays_and_matches_eager(path, dev):
+    cpu_model = _model()
+    cpu_opt = torch.optim.AdamW(cpu_model.parameters(), lr=1e-2)
+    batches = _batches()
+    want = _train(cpu_model, cpu_opt, batches, _eager_step)
+    model = _model().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+    step = xc.compile(_eager_step)
+    got = _train(model, opt, [(x.to(dev), y.to(dev)) for x, y in batches], step)
+    for g, w in zip(got, want):
+        assert_same(g, w, rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p, q.detach(), rtol=1e-4, atol=1e-5)
+    assert step.stats["replays"] == len(batches) - 2
+
+
+def test_adam_with_host_step_counters_re_traces_every_step_and_stays_right(path, dev):
+    # torch's default Adam keeps `step` on the CPU and bakes bias corrections into the trace as
+    # numbers: the guard sees the host counter change, so every call records afresh.
+    cpu_model = _model()
+    cpu_opt = torch.optim.Adam(cpu_model.parameters(), lr=1e-2)
+    batches = _batches(4)
+    want = _train(cpu_model, cpu_opt, batches, _eager_step)
+    model = _model().to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    step = xc.compile(_eager_step)
+    got = _train(model, opt, [(x.to(dev), y.to(dev)) for x, y in batches], step)
+    for g, w in zip(got, want):
+        assert_same(g, w, rtol=1e-4, atol=1e-5)
+    assert step.stats["replays"] == 0 and step.stats["recorded"] == len(batches)
+
+
+def test_a_changed_shape_or_learning_rate_records_again(path, dev):
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    batches = _batches(3, batch=5) + _batches(3, batch=7)
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = xc.compile(_eager_step)
+    for i, (x, y) in enumerate(batches):
+        if i == 4:
+            for group in (*cpu_opt.param_groups, *opt.param_groups):
+                group["lr"] = 0.05
+        w = _eager_step(cpu_model, cpu_opt, x, y)
+        assert_same(step(model, opt, x.to(dev), y.to(dev)), w)
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p, q.detach())
+    # batch 5: record, record (state appears), replay; batch 7: record, lr 0.05: record twice?
+    assert step.stats["recorded"] == 4 and step.stats["replays"] == 2
+
+
+def test_dropout_draws_fresh_numbers_on_each_replay(path, dev):
+    torch.manual_seed(0)
+    x = torch.ones(64).to(dev)
+
+    @xc.compile
+    def noisy(x):
+        return F.dropout(x, 0.5) * 2
+
+    xc.manual_seed(7)
+    replayed = [noisy(x).cpu() for _ in range(5)]
+    xc.manual_seed(7)
+    traced = []
+    for _ in range(5):
+        out = F.dropout(x, 0.5) * 2
+        xc.sync()
+        traced.append(out.cpu())
+    assert noisy.stats["replays"] == 4
+    for a, b in zip(replayed, traced):
+        assert torch.equal(a, b)
+    assert not torch.equal(replayed[3], replayed[4])
+
+
+def test_batch_norm_buffers_update_in_place_like_eager(path, dev):
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 1))
+    model = copy.deepcopy(cpu).to(dev)
+    cpu_opt = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = xc.compile(_eager_step)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(5):
+        x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+        _eager_step(cpu, cpu_opt, x, y)
+        step(model, opt, x.to(dev), y.to(dev))
+    for (name, a), (_, b) in zip(model.state_dict().items(), cpu.state_dict().items()):
+        assert_same(a, b, rtol=1e-5, atol=1e-5)
+    assert step.stats["replays"] == 3
+
+
+def test_a_kv_cache_argument_written_through_a_transposed_view(path, dev):
+    def write(cache, kv):
+        for t in range(3):
+            cache[:, :, t:t + 1] = kv[:, :, t:t + 1]
+            cache.transpose(1, 2)[:, t] += 0.5
+        return cache.sum()
+
+    g = torch.Generator().manual_seed(3)
+    cpu_cache, kv = torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g)
+    cache, kv_d = cpu_cache.to(dev), kv.to(dev)
+    view = cache[0]            # a view made before the replays sees their writes
+    cpu_view = cpu_cache[0]
+    step = xc.compile(write)
+    for _ in range(4):
+        want = write(cpu_cache, kv)
+        got = step(cache, kv_d)
+        assert_same(got, want, atol=1e-5)
+    assert_same(cache, cpu_cache)
+    assert_same(view, cpu_view)
+    assert step.stats["replays"] == 3
+
+
+def test_a_method_step_finds_its_state_on_self(path, dev):
+    class Trainer:
+        def __init__(self, model, device):
+            self.model = model.to(device)
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+            self.loss = None
+            self.steps = 0
+
+        def step(self, x, y):
+            self.loss = _eager_step(self.model, self.opt, x, y)
+
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    trainer = Trainer(_model(), dev)
+    step = xc.compile(trainer.step)
+    for x, y in _batches(4):
+        want = _eager_step(cpu_model, cpu_opt, x, y)
+        step(x.to(dev), y.to(dev))
+        assert_same(trainer.loss, want)
+    for p, q in zip(trainer.model.parameters(), cpu_model.parameters()):
+        assert_same(p, q.detach())
+    assert step.stats["replays"] == 2
+
+
+def test_a_step_that_reads_a_value_on_the_host_is_refused_and_still_runs(path, dev):
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+
+    def step(model, opt, x, y):
+        return _eager_step(model, opt, x, y).item()
+
+    captured = xc.compile(step)
+    for x, y in _batches(3):
+        assert captured(model, opt, x.to(dev), y.to(dev)) == pytest.approx(
+            step(cpu_model, cpu_opt, x, y), rel=1e-5)
+    assert captured.stats["replays"] == 0
+    assert "synced 2 times" in captured.reason
+    assert met.counter_value("StepCaptureRefused") >= 1
+
+
+def test_a_step_that_moves_data_to_the_device_itself_is_refused(path, dev):
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+
+    def step(model, opt, x, y):
+        return _eager_step(model, opt, x.to(dev), y.to(dev))
+
+    captured = xc.compile(step)
+    for x, y in _batches(4):      # different data each call: replaying the first would be wrong
+        assert_same(captured(model, opt, x, y), _eager_step(cpu_model, cpu_opt, x, y))
+    assert captured.stats["replays"] == 0
+    assert "not in its arguments" in captured.reason
+
+
+def test_a_failed_replay_leaves_every_tensor_intact_and_the_next_call_works(path, dev):
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1, momentum=0.9)
+    step = xc.compile(_eager_step)
+    batches = _batches(4)
+    for x, y in batches[:3]:
+        step(model, opt, x.to(dev), y.to(dev))
+        _eager_step(cpu_model, cpu_opt, x, y)
+    kept = [p.detach().cpu().clone() for p in model.parameters()]
+
+    def fault(graph):
+        raise RuntimeError("planted execution fault")
+
+    executor._fault_hooks.append(fault)
+    try:
+        with pytest.raises(RuntimeError, match="planted"):
+            step(model, opt, batches[3][0].to(dev), batches[3][1].to(dev))
+    finally:
+        executor._fault_hooks.remove(fault)
+    for p, k in zip(model.parameters(), kept):
+        assert torch.equal(p.cpu(), k)
+    step(model, opt, batches[3][0].to(dev), batches[3][1].to(dev))
+    _eager_step(cpu_model, cpu_opt, *batches[3])
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p, q.detach())
+
+
+def test_dual_run_of_a_captured_step_agrees_and_replays_on_both_paths(path, dev):
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = xc.compile(_eager_step)
+    for x, y in _batches(4):
+        want = _eager_step(cpu_model, cpu_opt, x, y)
+        result = xc.dual_run(step, model, opt, x.to(dev), y.to(dev))
+        assert result.match, result.mismatches
+        assert_same(result.value, want)
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p, q.detach())
+    # The shadow runs on clones (new objects each call) on the other path: it records (its
+    # signature differs from the authoritative one), the authoritative side replays.
+    assert step.stats["replays"] >= 2

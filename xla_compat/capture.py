@@ -1,0 +1,491 @@
+"""Step capture: trace a step once, then replay its compiled graph without tracing.
+
+    step = xc.compile(train_step)        # or @xc.compile
+    for x, y in batches:
+        loss = step(x, y)                # first call per signature traces and records;
+                                         # later calls replay the recorded executable
+
+A captured call runs the step lazily as usual, syncs once at its end and records what that one
+graph read and wrote: which state tensor (an argument, a module's parameter, buffer or ``.grad``,
+an optimizer's state) fed each input and took each output, and which outputs the step returned.
+A later call with the same **signature** skips the Python step entirely: it binds the state's
+current device buffers to the inputs, gives each state tensor a pending output of ONE replay node
+(through its path, so views and alias bookkeeping stay exact), and syncs; the executor runs the
+recorded executable for that node directly.
+
+The signature (the guards) is: the active path; every state tensor's shape, dtype and
+requires_grad, and which state slots exist (``.grad`` set or None, optimizer state present);
+non-tensor arguments by value; optimizer hyperparameters by value (an lr schedule that changes
+lr re-traces: the value was baked into the trace as a run-time scalar); host tensors in optimizer
+state by value (torch's Adam keeps ``step`` on the CPU unless ``capturable=True``, so without
+that flag every Adam step re-traces); module train/eval flags; grad mode. A call whose signature
+has no recording traces (and records); a recording whose inputs no longer match (a buffer laid
+out differently, a state tensor with pending work that did not sync to the same shape) falls back
+to tracing and counts ``StepCaptureGuardFailure``.
+
+What a step must be: a function of its state's values. Python side effects other than tensor
+writes (appending to a list, reading ``.item()``, data-dependent Python branches) are not
+replayed; a step that syncs more than once (``.item()``, ``print``) or reads device data that is
+not in its state (a tensor moved to the device inside the step) is never replayed: it runs traced
+every time and the reason is in ``captured.reason`` and the ``StepCaptureRefused`` counter.
+Returned tensors are values without autograd history.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import executor, metrics, paths
+from .lazy import rng
+from .lazy.ir import DeviceData, Node, ScalarParam, Slot, Value
+
+REPLAY_OP = "xla_compat.replay"
+
+
+class CaptureRefused(Exception):
+    """The step cannot be replayed (the message says why); it keeps running traced."""
+
+
+# ----------------------------------------------------------------------------------------------
+# State: every tensor a step can read or write, by a stable address.
+
+@dataclass(frozen=True)
+class StateSlot:
+    """One place a device tensor lives: ``get()`` reads it, ``put(t)`` rebinds it (or None when
+    the place cannot be rebound, e.g. an argument: only written in place)."""
+
+    address: tuple
+    get: Callable[[], Any]
+    put: Optional[Callable[[Any], None]]
+
+
+def _is_device(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "hlo"
+
+
+def _walk_args(value, address, slots: list, sig: list) -> None:
+    if isinstance(value, torch.Tensor):
+        if _is_device(value):
+            slots.append(StateSlot(address, lambda v=value: v, None))
+        else:
+            sig.append((address, "host", tuple(value.shape), value.dtype))
+    elif isinstance(value, torch.nn.Module):
+        _walk_module(value, address, slots, sig)
+    elif isinstance(value, torch.optim.Optimizer):
+        _walk_optimizer(value, address, slots, sig)
+    elif isinstance(value, (list, tuple)):
+        sig.append((address, type(value).__name__, len(value)))
+        for i, v in enumerate(value):
+            _walk_args(v, address + (i,), slots, sig)
+    elif isinstance(value, dict):
+        sig.append((address, "dict", tuple(value)))
+        for k, v in value.items():
+            _walk_args(v, address + (k,), slots, sig)
+    elif isinstance(value, _Attributes):
+        _walk_attributes(value.obj, address, slots, sig)
+    else:
+        try:
+            hash(value)
+            sig.append((address, "value", value))
+        except TypeError:
+            sig.append((address, "object", id(value)))
+
+
+class _Attributes:
+    """Walk this object's attributes (the ``self`` of a step that is a method)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+
+def _walk_attributes(obj, address, slots: list, sig: list) -> None:
+    for name, v in sorted(vars(obj).items()):
+        a = address + (name,)
+        if _is_device(v) or v is None:
+            slots.append(StateSlot(a, lambda o=obj, n=name: getattr(o, n, None),
+                                   _setter(obj, name)))
+        elif isinstance(v, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor, list, tuple,
+                            dict)):
+            _walk_args(v, a, slots, sig)
+        else:
+            _walk_args(v, a, [], sig)     # plain values are guards, deeper objects by identity
+
+
+def _setter(obj, name):
+    def put(t):
+        setattr(obj, name, t)
+    return put
+
+
+def _walk_module(m: torch.nn.Module, address, slots: list, sig: list) -> None:
+    for name, sub in m.named_modules():
+        sig.append((address, name, sub.training))
+        for pname, p in sub.named_parameters(recurse=False):
+            a = address + (name, pname)
+            slots.append(StateSlot(a + ("param",), lambda p=p: p, None))
+            slots.append(StateSlot(a + ("grad",), lambda p=p: p.grad, _setter(p, "grad")))
+        for bname, b in sub.named_buffers(recurse=False):
+            a = address + (name, bname, "buffer")
+            slots.append(StateSlot(a, lambda s=sub, n=bname: getattr(s, n), _setter(sub, bname)))
+
+
+def _walk_optimizer(o: torch.optim.Optimizer, address, slots: list, sig: list) -> None:
+    for gi, group in enumerate(o.param_groups):
+        sig.append((address, gi, tuple(sorted((k, _hashable(v)) for k, v in group.items()
+                                              if k != "params"))))
+        for pi, p in enumerate(group["params"]):
+            a = address + (gi, pi)
+            slots.append(StateSlot(a + ("param",), lambda p=p: p, None))
+            slots.append(StateSlot(a + ("grad",), lambda p=p: p.grad, _setter(p, "grad")))
+            state = o.state.get(p)
+            if not state:
+                sig.append((a, "no state"))
+                continue
+            for k, v in state.items():
+                if _is_device(v):
+                    def put(t, st=state, k=k):
+                        st[k] = t
+                    slots.append(StateSlot(a + ("state", k), lambda st=state, k=k: st.get(k), put))
+                else:
+                    sig.append((a, k, _hashable(v)))
+
+
+def _hashable(v):
+    if isinstance(v, torch.Tensor):      # a host tensor (Adam's step): its value is the guard
+        return ("tensor", v.dtype, tuple(v.shape), tuple(v.detach().flatten().tolist())
+                if v.numel() <= 16 else id(v))
+    if isinstance(v, (list, tuple)):
+        return tuple(_hashable(e) for e in v)
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return id(v)
+
+
+def _closure_state(fn) -> list:
+    """Modules, optimizers and device tensors the step reaches through closures and globals."""
+    found = []
+    while isinstance(fn, functools.partial):
+        found.extend(fn.args)
+        found.extend(fn.keywords.values())
+        fn = fn.func
+    if isinstance(fn, types.MethodType):
+        owner = fn.__self__
+        found.append(owner if isinstance(owner, (torch.nn.Module, torch.optim.Optimizer))
+                     else _Attributes(owner))
+        fn = fn.__func__
+    code = getattr(fn, "__code__", None)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            found.append(cell.cell_contents)
+        except ValueError:       # an empty cell
+            pass
+    if code is not None:
+        g = getattr(fn, "__globals__", {})
+        for name in code.co_names:
+            v = g.get(name)
+            if isinstance(v, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)):
+                found.append(v)
+    return [v for v in found if isinstance(v, (torch.nn.Module, torch.optim.Optimizer,
+                                               _Attributes)) or _is_device(v)]
+
+
+def state_of(fn, args, kwargs, extra) -> tuple[list, tuple]:
+    """(slots, signature) of one call."""
+    slots: list = []
+    sig: list = [("path", paths.active().name), ("grad_mode", torch.is_grad_enabled())]
+    _walk_args(tuple(args), ("arg",), slots, sig)
+    _walk_args(dict(kwargs), ("kwarg",), slots, sig)
+    for i, obj in enumerate(list(extra) + _closure_state(fn)):
+        _walk_args(obj, ("state", i), slots, sig)
+    for s in slots:
+        t = s.get()
+        sig.append((s.address, None if t is None else
+                    (tuple(t.shape), t.dtype, t.requires_grad, tuple(t.stride()))))
+    return slots, tuple(sig)
+
+
+# ----------------------------------------------------------------------------------------------
+# The recording.
+
+class ReplayRule:
+    """The rule of a replay node: the recorded graph as a function of its inputs, with the
+    executable compiled for it (``direct`` returns it when the replay graph passes the inputs
+    in the recorded order and donates the same buffers)."""
+
+    def __init__(self, graph, compiled):
+        self.fn = executor.build_function(graph)
+        self.compiled = compiled
+        self.donate = graph.donate
+        self.n_inputs = len(graph.leaves)
+
+    def __call__(self, *ins):
+        return self.fn(*ins)
+
+    def direct(self, graph) -> Optional[Callable]:
+        node = graph.nodes[0]
+        if len(graph.leaves) != self.n_inputs or graph.donate != self.donate:
+            return None
+        if any(v.node is not leaf for v, leaf in zip(node.inputs, graph.leaves)):
+            return None
+        return self.compiled
+
+
+@dataclass
+class Recording:
+    """What one captured call read and wrote."""
+
+    rule: ReplayRule
+    inputs: list          # per graph leaf: ("slot", address, signature) | ("rng",) | ("node", leaf)
+    avals: tuple          # output avals of the replay node (the recorded graph's roots)
+    writes: list          # (root index, address, "inplace" | "rebind", (shape, dtype, strides))
+    clears: list          # addresses set to None by the step
+    result: Any           # the returned value, tensors replaced by ("root"|"slot", ...) markers
+    rng_out: Optional[int]
+
+
+def _leaf_of(t) -> Optional[Node]:
+    node = paths.inner_tensor(t)._value.node
+    return node if type(node) is DeviceData else None
+
+
+def _record(fn, args, kwargs, extra):
+    """Run the step traced, sync once, and return (result, Recording)."""
+    executor.sync_all()
+    slots, sig = state_of(fn, args, kwargs, extra)
+    before = {}
+    for s in slots:
+        t = s.get()
+        if t is not None:
+            before[s.address] = (t, _leaf_of(t))
+    by_leaf = {}
+    for address, (t, leaf) in before.items():
+        if leaf is not None:
+            by_leaf.setdefault(id(leaf), address)
+    rng_before = rng.state().node
+    runs: list = []
+    with executor.recording(runs):
+        result = fn(*args, **kwargs)
+    post_slots, _ = state_of(fn, args, kwargs, extra)
+
+    def state_values():
+        # A state tensor may be a view whose value is derived on read (a legacy gradient that
+        # is a transposed mm): the recorded graph computes it too, so replay can bind it.
+        for s in post_slots:
+            t = s.get()
+            if t is not None:
+                yield paths.inner_tensor(t)._value
+
+    with executor.recording(runs), executor.extra_roots(state_values):
+        executor.sync_all()
+    if len(runs) != 1:
+        if not runs:
+            raise CaptureRefused("the step computed nothing on the device", result)
+        raise CaptureRefused(
+            f"the step synced {len(runs)} times (a value read on the host inside it: .item(), "
+            f"print, a data-dependent shape); only a step that syncs once can be replayed",
+            result)
+    graph, compiled, mapping = runs[0]
+    root_of = {id(new.node): k for k, new in
+               ((graph.roots.index(v), new) for v, new in mapping.items() if v in graph.roots)}
+    inputs = []
+    for leaf in graph.leaves:
+        if type(leaf) is ScalarParam:
+            inputs.append(("node", leaf))
+        elif leaf is rng_before:
+            inputs.append(("rng",))
+        elif id(leaf) in by_leaf:
+            inputs.append(("slot", by_leaf[id(leaf)], leaf.signature()))
+        else:
+            raise CaptureRefused(
+                f"the step read device data of shape {list(leaf.avals[0].shape)} that is not in "
+                f"its arguments, modules or optimizers (moved to the device inside the step?); "
+                f"pass it as an argument or in state=", result)
+    writes, clears, bound, done = [], [], set(), set()
+    for s in post_slots:
+        t = s.get()
+        old = before.get(s.address)
+        if t is not None:
+            if id(t) in done:       # one tensor at two addresses (a module's and an optimizer's)
+                continue
+            done.add(id(t))
+        if t is None:
+            if old is not None:
+                if s.put is None:
+                    raise CaptureRefused(f"the step cleared {s.address}", result)
+                clears.append(s.address)
+            continue
+        leaf = _leaf_of(t)
+        if leaf is None:
+            raise CaptureRefused(f"{s.address} is not materialised after the step", result)
+        k = root_of.get(id(leaf))
+        if k is None:
+            if old is None or old[1] is not leaf:
+                raise CaptureRefused(f"{s.address} took a value the step did not compute "
+                                     f"(a tensor shared between two state slots?)", result)
+            continue
+        same = old is not None and old[0] is t
+        if not same and s.put is None:
+            raise CaptureRefused(f"{s.address} was replaced by a new tensor object", result)
+        writes.append((k, s.address, "inplace" if same else "rebind",
+                       (tuple(t.shape), t.dtype, tuple(t.stride()))))
+        bound.add(k)
+    rng_out = root_of.get(id(rng.state().node))
+    if rng_out is not None:
+        bound.add(rng_out)
+    slot_by_leaf = {id(_leaf_of(s.get())): s.address for s in post_slots
+                    if s.get() is not None and _leaf_of(s.get()) is not None}
+
+    def mark(v):
+        if isinstance(v, torch.Tensor):
+            if not _is_device(v):
+                raise CaptureRefused("the step returned a host tensor", result)
+            leaf = _leaf_of(v)
+            if leaf is not None and id(leaf) in slot_by_leaf and root_of.get(id(leaf)) is None:
+                return ("slot", slot_by_leaf[id(leaf)])
+            k = root_of.get(id(leaf)) if leaf is not None else None
+            if k is None:
+                raise CaptureRefused("the step returned a tensor it did not compute", result)
+            bound.add(k)
+            return ("root", k, tuple(v.shape), v.dtype, tuple(v.stride()))
+        if isinstance(v, (list, tuple)):
+            return type(v)(mark(e) for e in v)
+        if isinstance(v, dict):
+            return {k: mark(e) for k, e in v.items()}
+        return ("const", v)
+
+    marked = mark(result)
+    avals = tuple(v.aval for v in graph.roots)
+    return result, sig, Recording(ReplayRule(graph, compiled), inputs, avals, writes, clears,
+                                  marked, rng_out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Replay.
+
+class GuardFailure(Exception):
+    """The recording does not fit this call's state (the message says how)."""
+
+
+def _replay(rec: Recording, slots: list):
+    impl = paths.active()
+    by_address = {s.address: s for s in slots}
+    inputs = []
+    for entry in rec.inputs:
+        if entry[0] == "node":
+            inputs.append(Value(entry[1], 0))
+        elif entry[0] == "rng":
+            inputs.append(rng.state())
+        else:
+            _, address, signature = entry
+            slot = by_address.get(address)
+            t = slot.get() if slot is not None else None
+            leaf = _leaf_of(t) if t is not None else None
+            if leaf is None or leaf.signature() != signature:
+                raise GuardFailure(f"{address} holds no device buffer like the recorded one")
+            inputs.append(Value(leaf, 0))
+    node = Node(REPLAY_OP, rec.rule, tuple(Slot(i) for i in range(len(inputs))), (),
+                tuple(inputs), rec.avals)
+    metrics.inc("IrNodes")
+    for k, address, how, (shape, dtype, stride) in rec.writes:
+        slot = by_address[address]
+        if how == "inplace":
+            impl.assign(slot.get(), Value(node, k))
+        else:
+            slot.put(impl.wrap(impl.tensor_cls(Value(node, k), shape, dtype, stride)))
+    for address in rec.clears:
+        by_address[address].put(None)
+    if rec.rng_out is not None:
+        rng.advance(Value(node, rec.rng_out))
+
+    def unmark(m):
+        if isinstance(m, tuple) and m and m[0] == "root":
+            _, k, shape, dtype, stride = m
+            return impl.wrap(impl.tensor_cls(Value(node, k), shape, dtype, stride))
+        if isinstance(m, tuple) and m and m[0] == "slot":
+            return by_address[m[1]].get()
+        if isinstance(m, tuple) and m and m[0] == "const":
+            return m[1]
+        if isinstance(m, (list, tuple)):
+            return type(m)(unmark(e) for e in m)
+        if isinstance(m, dict):
+            return {k: unmark(e) for k, e in m.items()}
+        return m
+
+    result = unmark(rec.result)
+    executor.sync_all()
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# The public wrapper.
+
+class CapturedStep:
+    """A step function with recordings per signature (``xc.compile(fn)``)."""
+
+    def __init__(self, fn, state=(), max_recordings: int = 8):
+        self.fn = fn
+        self.state = tuple(state)
+        self.max_recordings = max_recordings
+        self.recordings: dict = {}
+        self.refused: dict = {}
+        self.reason: Optional[str] = None
+        self.stats = {"replays": 0, "recorded": 0, "traced": 0, "guard_failures": 0}
+        self._lock = threading.RLock()
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        impl = paths.active()
+        if getattr(impl, "assign", None) is None:      # a path without replay support (pairs)
+            return self._traced(args, kwargs)
+        with self._lock:   # not the tracing lock: backward traces on autograd's device thread
+            executor.sync_all()
+            slots, sig = state_of(self.fn, args, kwargs, self.state)
+            rec = self.recordings.get(sig)
+            if rec is not None:
+                try:
+                    out = _replay(rec, slots)
+                    self.stats["replays"] += 1
+                    metrics.inc("StepCaptureReplay")
+                    return out
+                except GuardFailure as e:
+                    self.stats["guard_failures"] += 1
+                    metrics.inc("StepCaptureGuardFailure")
+                    self.reason = str(e)
+                    del self.recordings[sig]
+            if sig in self.refused or len(self.recordings) >= self.max_recordings:
+                return self._traced(args, kwargs)
+            try:
+                result, sig_before, rec = _record(self.fn, args, kwargs, self.state)
+            except CaptureRefused as e:
+                message, result = e.args
+                self.refused[sig] = message
+                self.reason = message
+                self.stats["traced"] += 1
+                metrics.inc("StepCaptureRefused")
+                return result
+            self.recordings[sig_before] = rec
+            self.stats["recorded"] += 1
+            metrics.inc("StepCaptureRecorded")
+            return result
+
+    def _traced(self, args, kwargs):
+        self.stats["traced"] += 1
+        return self.fn(*args, **kwargs)
+
+
+def compile(fn=None, *, state=(), max_recordings: int = 8):  # noqa: A001 - xc.compile
+    """Capture ``fn`` (a training or serving step) and replay it; see this module's doc.
+
+    ``state``: modules, optimizers or device tensors the step uses that are neither arguments
+    nor reachable through its closure or globals. Usable as ``@xc.compile`` or
+    ``@xc.compile(state=(model, opt))``."""
+    if fn is None:
+        return lambda f: CapturedStep(f, state, max_recordings)
+    return CapturedStep(fn, state, max_recordings)
