@@ -176,9 +176,8 @@ def _meta_hook(op, original):
                 f"writes the shared elements once; functionalization writes such a view back "
                 f"as the sum of every element's change, which is wrong, so the functional "
                 f"path refuses it. Write into the base tensor instead, or .clone() the view.")
-        if functional is not None:
-            _state.pending = (functional, tuple(self.shape), self.dtype, tuple(self.stride()),
-                              self.storage_offset())
+        if functional is not None:    # (the meta twin has the strides, not the offset)
+            _state.pending = (functional, tuple(self.shape), self.dtype, tuple(self.stride()))
         return out
     return meta_reference
 
@@ -191,20 +190,33 @@ def _keep_written_layout(next_handler):
         if pending is None:
             return next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
         _state.pending = None
-        f, shape, dtype, stride, offset = pending
+        f, shape, dtype, stride = pending
         x = args[0] if args else None
         if (f is not func or not isinstance(x, LazyTensor) or tuple(x.shape) != shape
-                or x.dtype != dtype or tuple(x.stride()) != stride
-                or x.storage_offset() != offset):
+                or x.dtype != dtype or tuple(x.stride()) != stride):
             return next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
+        if torch.Tag.pointwise in func.tags:     # eager's TensorIterator overlap check
+            _check_partial_overlap(func, x, args, kwargs)
         out = next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
         if out is NotImplemented:
             out = tracer.trace(cls, func, args, kwargs)
+        offset = x.storage_offset()
         if (isinstance(out, LazyTensor) and tuple(out.shape) == shape
                 and (tuple(out.stride()), out.storage_offset()) != (stride, offset)):
             out = cls(out._value, shape, out.dtype, stride, offset)
         return out
     return handler
+
+
+def _check_partial_overlap(func, written, args, kwargs) -> None:
+    """An input partially overlapping the written tensor in its storage: eager's error."""
+    for t in tracer._flat_tensors((args[1:], list(kwargs.values()))):
+        if (isinstance(t, LazyTensor) and t is not written
+                and t.element_size() == written.element_size()
+                and tracer.partial_overlap(_geometry(written), _geometry(t))
+                and _root(t._value) is _root(written._value)):
+            raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by the in-place "
+                               f"form of {func} with inputs {tracer.describe(args)})")
 
 
 def _polygamma_(self, n):

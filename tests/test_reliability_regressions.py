@@ -123,8 +123,16 @@ def test_copy_from_a_partially_overlapping_source_raises_like_eager(path, dev, r
     lambda t: t[1:].copy_(t[:2]),
     lambda t: t.copy_(t.t()),
     lambda t: t.view(-1)[1:4].copy_(t.view(-1)[0:3]),
-], ids=["shifted rows", "transposed source", "shifted flat slices"])
-def test_more_partially_overlapping_copies_raise_like_eager(path, dev, write):
+    lambda t: t.t().add_(t),
+    lambda t: t[1:].add_(t[:2]),
+    lambda t: torch.add(t, 1, out=t.t()),
+], ids=["shifted rows", "transposed source", "shifted flat slices", "add_ of the transpose",
+        "add_ of shifted rows", "add out= a transposed view"])
+def test_more_partially_overlapping_copies_raise_like_eager(path, dev, write, request):
+    if path == "functional" and request.node.callspec.id.endswith("add out= a transposed view"):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "open (functional): an out= op has no meta reference in its Functionalize kernel, "
+            "so the inner tensors cannot tell the out= tensor from the inputs")))
     cpu = torch.arange(9.).reshape(3, 3)
     with pytest.raises(RuntimeError, match="some elements of the input tensor") as eager:
         write(cpu.clone())
@@ -141,8 +149,10 @@ def test_more_partially_overlapping_copies_raise_like_eager(path, dev, write):
     lambda t: t.copy_(t.detach()),
     lambda t: t.copy_(t.clone().t()),
     lambda t: t.t().mul_(t.t()),
+    lambda t: t[0].add_(t[:, 0]),
+    lambda t: t[1:].mul_(2),
 ], ids=["itself", "strided column into a row", "detached self", "a transposed clone",
-        "the same view twice"])
+        "the same view twice", "add_ of a strided column", "a slice times a number"])
 def test_copies_eager_allows_between_views_of_one_storage_match_eager(path, dev, write):
     cpu = torch.arange(9.).reshape(3, 3)
     t = cpu.to(dev)
