@@ -21,7 +21,7 @@ def test_resample_ops_have_rules():
     names = [f"upsample_nearest{n}d" for n in (1, 2, 3)] + \
             [f"_upsample_nearest_exact{n}d" for n in (1, 2, 3)] + \
             ["upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d",
-             "upsample_bicubic2d"] + \
+             "upsample_bicubic2d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"] + \
             [f"{k}_pad{n}d" for k in ("reflection", "replication") for n in (1, 2, 3)]
     for name in names:
         for op in (getattr(aten, name).default, getattr(aten, name + "_backward").default):
@@ -64,6 +64,20 @@ def test_upsample_bilinear2d_and_bicubic2d(align_corners, kw):
     # ~2e-6 from the float64 result on these inputs (checked), so it gets atol 5e-6.
     check(lambda x: F.interpolate(x, mode="bicubic", align_corners=align_corners, **kw), x,
           atol=5e-6, grad_atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("shape,kw", [
+    ((2, 3, 10, 12), {"size": (4, 5)}),                  # downsampling: the filter widens
+    ((1, 2, 5, 7), {"size": (11, 13)}),                  # upsampling: plain taps
+    ((1, 1, 9, 9), {"scale_factor": 0.37}),
+    ((1, 1, 9, 9), {"scale_factor": (2.3, 0.4)}),        # up in one dim, down in the other
+    ((1, 2, 6, 8), {"size": (3, 3), "align_corners": True}),
+    ((1, 1, 1, 5), {"size": (1, 1)}),
+])
+def test_antialiased_interpolation_averages_what_each_output_covers(mode, shape, kw):
+    check(lambda x: F.interpolate(x, mode=mode, antialias=True, **kw), torch.randn(*shape),
+          grad_rtol=1e-5, grad_atol=1e-5)
 
 
 @pytest.mark.parametrize("align_corners", [False, True])

@@ -127,6 +127,55 @@ def _cubic_taps(n_in, n_out, align_corners, scale, t, a=-0.75):
     return [(np.clip(i - 1 + k, 0, n_in - 1), w.astype(t)) for k, w in enumerate(ws)]
 
 
+
+def _aa_taps(interp_size, kernel):
+    """Antialiased taps (PIL's resampling, ATen's _compute_weights_aa): when downsampling, the
+    filter ``kernel`` is stretched by the scale, so each output averages every input it covers;
+    weights are normalised to sum to 1. Computed in ATen's mix of float and double."""
+    def taps(n_in, n_out, align_corners, scale, t):
+        if align_corners:
+            s = t(n_in - 1) / t(n_out - 1) if n_out > 1 else t(0)
+        else:
+            s = _scale(n_in, n_out, scale, t)
+        s = t(s)
+        support = t(interp_size * 0.5 * s) if s >= 1 else t(interp_size * 0.5)
+        width = int(np.ceil(support)) * 2 + 1
+        invscale = t(1.0 / float(s)) if s >= 1 else t(1)
+        idx = np.zeros((width, n_out), np.int64)
+        wts = np.zeros((width, n_out), t)
+        for i in range(n_out):
+            center = t(float(s) * (i + 0.5))
+            xmin = max(int(float(center) - float(support) + 0.5), 0)
+            xsize = min(int(float(center) + float(support) + 0.5), n_in) - xmin
+            xsize = min(max(xsize, 0), width)
+            w = np.array([kernel(t((float(t(j + xmin) - center) + 0.5) * float(invscale)), t)
+                          for j in range(xsize)], t)
+            total = t(0)
+            for v in w:
+                total = t(total + v)
+            if total != 0:
+                w = (w / total).astype(t)
+            idx[:xsize, i] = np.arange(xmin, xmin + xsize)
+            idx[xsize:, i] = min(xmin, n_in - 1)
+            wts[:xsize, i] = w
+        return [(idx[k], wts[k]) for k in range(width)]
+    return taps
+
+
+def _triangle(x, t):
+    x = abs(x)
+    return t(1) - x if x < 1 else t(0)
+
+
+def _keys_cubic(x, t, a=-0.5):
+    x, a = abs(x), t(a)
+    if x < 1:
+        return t(((a + 2) * x - (a + 3)) * x * x + 1)
+    if x < 2:
+        return t(((a * x - 5 * a) * x + 8 * a) * x - 4 * a)
+    return t(0)
+
+
 def _interpolate(x, output_size, align_corners, scales, taps):
     n = len(output_size)
     scales = list(scales) + [None] * (n - len(scales))
@@ -167,6 +216,10 @@ _interp_rules(aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backw
               _linear_taps)
 _interp_rules(aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default,
               _cubic_taps)
+_interp_rules(aten._upsample_bilinear2d_aa.default, aten._upsample_bilinear2d_aa_backward.default,
+              _aa_taps(2, _triangle))
+_interp_rules(aten._upsample_bicubic2d_aa.default, aten._upsample_bicubic2d_aa_backward.default,
+              _aa_taps(4, _keys_cubic))
 
 
 # -- padding ----------------------------------------------------------------------------------------
