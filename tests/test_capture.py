@@ -300,3 +300,17 @@ def test_dual_run_of_a_captured_step_agrees_and_replays_on_both_paths(path, dev)
     # The shadow runs on clones (new objects each call) on the other path: it records (its
     # signature differs from the authoritative one), the authoritative side replays.
     assert step.stats["replays"] >= 2
+
+
+def test_under_lockstep_a_captured_step_runs_traced_op_by_op(dev):
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    with xc.lockstep():
+        model = _model().to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = xc.compile(_eager_step)
+        for x, y in _batches(3):
+            want = _eager_step(cpu_model, cpu_opt, x, y)
+            assert_same(step(model, opt, x.to(dev), y.to(dev)), want)
+    assert step.stats["replays"] == 0 and step.stats["traced"] == 3
+    assert "lockstep" in step.reason

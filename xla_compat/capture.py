@@ -38,10 +38,11 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import jax
 import torch
 
 from . import executor, metrics, paths
-from .lazy import rng
+from .lazy import ir, rng
 from .lazy.ir import DeviceData, Node, ScalarParam, Slot, Value
 
 REPLAY_OP = "xla_compat.replay"
@@ -207,12 +208,23 @@ def state_of(fn, args, kwargs, extra) -> tuple[list, tuple]:
     for s in slots:
         t = s.get()
         sig.append((s.address, None if t is None else
-                    (tuple(t.shape), t.dtype, t.requires_grad, tuple(t.stride()))))
+                    (type(t), tuple(t.shape), t.dtype, t.requires_grad, tuple(t.stride()))))
     return slots, tuple(sig)
 
 
 # ----------------------------------------------------------------------------------------------
 # The recording.
+
+class _Constant(ScalarParam):
+    """A number the recorded step baked in (the guards keep it unchanged), put on the device
+    once: a Python number would be converted on every replay."""
+
+    __slots__ = ()
+
+    def __init__(self, scalar: ScalarParam):
+        super().__init__(scalar.value)
+        self.value = jax.device_put(scalar.value)
+
 
 class ReplayRule:
     """The rule of a replay node: the recorded graph as a function of its inputs, with the
@@ -259,6 +271,10 @@ def _record(fn, args, kwargs, extra):
     """Run the step traced, sync once, and return (result, Recording)."""
     executor.sync_all()
     slots, sig = state_of(fn, args, kwargs, extra)
+    foreign = [s.address for s in slots if s.get() is not None and paths.of(s.get()) is None]
+    if foreign:      # dual-run lockstep's pair tensors: each op runs on two paths, no replay
+        raise CaptureRefused(f"{foreign[0]} is not a tensor of one path (lockstep pair?); the "
+                             f"step runs traced", fn(*args, **kwargs))
     before = {}
     for s in slots:
         t = s.get()
@@ -297,7 +313,7 @@ def _record(fn, args, kwargs, extra):
     inputs = []
     for leaf in graph.leaves:
         if type(leaf) is ScalarParam:
-            inputs.append(("node", leaf))
+            inputs.append(("node", _Constant(leaf)))
         elif leaf is rng_before:
             inputs.append(("rng",))
         elif id(leaf) in by_leaf:
@@ -438,6 +454,7 @@ class CapturedStep:
         self.reason: Optional[str] = None
         self.stats = {"replays": 0, "recorded": 0, "traced": 0, "guard_failures": 0}
         self._lock = threading.RLock()
+        self._quiet_since = -2     # an IR node id taken right after this step's last sync
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
@@ -445,12 +462,14 @@ class CapturedStep:
         if getattr(impl, "assign", None) is None:      # a path without replay support (pairs)
             return self._traced(args, kwargs)
         with self._lock:   # not the tracing lock: backward traces on autograd's device thread
-            executor.sync_all()
+            if next(ir._ids) != self._quiet_since + 1:   # IR was built since our last sync
+                executor.sync_all()
             slots, sig = state_of(self.fn, args, kwargs, self.state)
             rec = self.recordings.get(sig)
             if rec is not None:
                 try:
                     out = _replay(rec, slots)
+                    self._quiet_since = next(ir._ids)
                     self.stats["replays"] += 1
                     metrics.inc("StepCaptureReplay")
                     return out
