@@ -105,3 +105,61 @@ def test_layer_norm(norm_shape):
     check(lambda x, w, b: F.layer_norm(x, norm_shape, w, b), x, torch.randn(norm_shape),
           torch.randn(norm_shape))
     check(lambda x: F.layer_norm(x, norm_shape), x)
+
+
+# -- the batch-norm ops nn.BatchNorm reaches since torch 2.4, on both user paths -------------------
+
+@pytest.fixture
+def _no_fallback():
+    from xla_compat import settings
+    with settings.override(cpu_fallback="error"):
+        yield
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("track", [True, False])
+def test_batch_norm_module_steps_update_running_stats_like_eager(path, _no_fallback, affine,
+                                                                 track):
+    import xla_compat as xc
+    m = torch.nn.BatchNorm2d(3, affine=affine, track_running_stats=track)
+    if affine:
+        with torch.no_grad():
+            m.weight.uniform_()
+            m.bias.uniform_()
+    md = copy.deepcopy(m).to(xc.device())
+    for train in (True, True, False):
+        m.train(train)
+        md.train(train)
+        x = torch.randn(4, 3, 5, 6, requires_grad=True)
+        xd = x.detach().to(xc.device()).requires_grad_()
+        e, r = m(x), md(xd)
+        g = torch.randn_like(e)
+        e.backward(g)
+        with torch.autograd.set_multithreading_enabled(False):   # paths are per thread
+            r.backward(g.to(xc.device()))
+        torch.testing.assert_close(r.cpu(), e.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(xd.grad.cpu(), x.grad, rtol=1e-4, atol=1e-5)
+        for (k, v), (_, vd) in zip(m.state_dict().items(), md.state_dict().items()):
+            torch.testing.assert_close(vd.cpu(), v, msg=k)
+        if affine:
+            torch.testing.assert_close(md.weight.grad.cpu(), m.weight.grad, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(md.bias.grad.cpu(), m.bias.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_norm_with_update_returns_an_empty_reserve_and_writes_running_stats(path,
+                                                                                  _no_fallback):
+    import xla_compat as xc
+    x, w, b = torch.randn(4, 3, 5), torch.rand(3), torch.rand(3)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    expected = torch.ops.aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5)
+    d = xc.device()
+    rmd, rvd = torch.zeros(3).to(d), torch.ones(3).to(d)
+    actual = torch.ops.aten._batch_norm_with_update(x.to(d), w.to(d), b.to(d), rmd, rvd, 0.1, 1e-5)
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        torch.testing.assert_close(a.cpu(), e, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rmd.cpu(), rm)
+    torch.testing.assert_close(rvd.cpu(), rv)
+    for op in (aten._batch_norm_with_update_functional.default,
+               aten._batch_norm_no_update.default, aten.batch_norm_backward.default):
+        assert registry.lookup(op) is not None, op

@@ -115,6 +115,39 @@ def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_
             gsum if output_mask[2] else None)
 
 
+
+# The newer batch-norm ops (what nn.BatchNorm calls since torch 2.4): the same math, plus a
+# `reserve` output that is empty on the CPU (cuDNN's workspace elsewhere).
+@lowering(aten._batch_norm_with_update_functional.default, static=True, meta=True)
+def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps, *, aval):
+    """(out, save_mean, save_invstd, reserve, new running_mean, new running_var); the in-place
+    ``_batch_norm_with_update`` is traced through this functional variant."""
+    out, mean, invstd, new_mean, new_var = batch_norm_functional(
+        x, weight, bias, running_mean, running_var, True, momentum, eps,
+        aval=aval[:3] + aval[4:])
+    return out, mean, invstd, _empty(aval[3]), new_mean, new_var
+
+
+@lowering(aten._batch_norm_no_update.default, static=True, meta=True)
+def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps, *, aval):
+    """Eval mode with running stats, or batch statistics when there are none."""
+    if running_mean is None:
+        out, mean, invstd = batch_norm_no_stats(x, weight, bias, True, momentum, eps,
+                                                aval=aval[:3])
+    else:
+        out, mean, invstd = batch_norm_no_training(x, weight, bias, running_mean, running_var,
+                                                   momentum, eps, aval=aval[:3])
+    return out, mean, invstd, _empty(aval[3])
+
+
+@lowering(aten.batch_norm_backward.default, static=True)
+def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, update,
+                        eps, output_mask, reserve):
+    """``save_var`` holds the saved inverse std (the CPU kernel passes it on as such)."""
+    train = update or running_mean is None
+    return native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean,
+                                      save_var, train, eps, output_mask)
+
 # -- group norm -----------------------------------------------------------------------------------
 
 def _grouped(x, n, c, hxw, group):
