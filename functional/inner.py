@@ -45,8 +45,9 @@ class FunctionalInner(LazyTensor):
                 if out is not NotImplemented:
                     return out
             out = viewchain.trace(cls, func, args, kwargs)
-            if out is NotImplemented:
-                out = tracer.trace(cls, func, args, kwargs)
+            if out is not NotImplemented:
+                return out                          # with eager's strides already
+            out = tracer.trace(cls, func, args, kwargs)
             geometry = strides.eager_geometry(func, args, kwargs)
             return _restride(cls, out, geometry) if geometry else out
         finally:

@@ -16,6 +16,7 @@ traced as before; a chain containing another kind of view is simply not known he
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 
@@ -28,6 +29,9 @@ from xla_compat import metrics, settings
 from xla_compat.lazy import ir, tracer
 from xla_compat.lazy.ir import Aval, Node, Slot, Value
 from xla_compat.lazy.tensor import LazyTensor, lock
+from xla_compat.lowering import registry
+
+from . import strides
 
 aten = torch.ops.aten
 
@@ -72,7 +76,7 @@ class Box:
     def shape(self) -> tuple:
         return tuple(self.dims[b][1] for b in self.order)
 
-    @property
+    @functools.cached_property
     def positions(self) -> tuple:
         """The set of root elements covered (equal tuples, equal sets)."""
         if any(d[1] == 0 for d in self.dims):
@@ -111,6 +115,7 @@ class Box:
         return root.at[index].set(value)
 
 
+@functools.lru_cache(maxsize=4096)
 def compose(shape: tuple, chain: tuple) -> Box:
     dims = [[0, n, 1, True] for n in shape]
     order = list(range(len(shape)))
@@ -172,6 +177,15 @@ class Relayout:
 # Side tables on nodes (weak: a node synced away drops its entry).
 _reads: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()   # (root, chain)
 _writes: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()  # (root, src, box)
+
+
+# root node -> {(output index, chain): weak ref to the node reading it}: functionalization
+# regenerates a view from its base on every access; one node serves them all.
+_memo: "weakref.WeakKeyDictionary[Node, dict]" = weakref.WeakKeyDictionary()
+
+
+def _dead():
+    return None
 
 
 def chain_of(v: Value) -> tuple:
@@ -254,26 +268,69 @@ OPS = _VIEWS | _SCATTERS
 
 
 def trace(cls, func, args, kwargs):
-    """The inner tensor ``func`` gives, or NotImplemented where the ordinary tracer should run."""
+    """The inner tensor ``func`` gives (with eager's strides for a view), or NotImplemented
+    where the ordinary tracer should run."""
     if func not in OPS:
         return NotImplemented
     x = args[0] if args else None
-    if not isinstance(x, LazyTensor) or (func in _SCATTERS and not isinstance(
-            args[1] if len(args) > 1 else kwargs.get("src"), LazyTensor)):
+    if not isinstance(x, LazyTensor):
+        return NotImplemented
+    scatter = func in _SCATTERS
+    src = (args[1] if len(args) > 1 else kwargs.get("src")) if scatter else None
+    if scatter and not isinstance(src, LazyTensor):
+        return NotImplemented
+    key = _signature(func, x, src, args, kwargs)
+    info = _INFO.get(key) if key is not None else None
+    if info is None:
+        info = _info(func, x, args, kwargs)     # raises eager's error where eager would
+        if key is not None:
+            if len(_INFO) >= _INFO_LIMIT:
+                _INFO.clear()
+            _INFO[key] = info
+    step, out = info
+    if step is None:
         return NotImplemented
     with lock:
-        a = tracer._bind(func, args, kwargs)
-        step = _step(func, a, tuple(x.shape))
-        if step is None:
-            return NotImplemented
-        if func in _VIEWS:
-            return _view(cls, func, args, kwargs, x, step)
-        return _scatter(cls, func, args, kwargs, x, a["src"], step)
-
-
-def _result(cls, func, args, kwargs, value: Value):
-    out, _ = tracer.meta(func, args, kwargs)     # eager's checks and the output's layout
+        if scatter:
+            value = _scatter(func, args, kwargs, x, src, step, out)
+        else:
+            value = _view(func, args, kwargs, x, step, out)
     return cls(value, out.shape, out.dtype, out.stride, out.offset)
+
+
+# (op, input geometries, static arguments) -> (step, output TMeta with eager's layout)
+_INFO: dict = {}
+_INFO_LIMIT = 65536
+
+
+def _signature(func, x, src, args, kwargs):
+    parts = [func, x.shape, x.stride(), x.storage_offset(), x.dtype]
+    if src is not None:
+        parts += [src.shape, src.stride(), src.storage_offset(), src.dtype]
+    for a in args[2 if src is not None else 1:]:
+        parts.append(tuple(a) if type(a) is list else a)
+    if kwargs:
+        for k, v in sorted(kwargs.items()):
+            if k != "src":
+                parts.append((k, tuple(v) if type(v) is list else v))
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _info(func, x, args, kwargs):
+    step = _step(func, tracer._bind(func, args, kwargs), tuple(x.shape))
+    if step is None:
+        return None, None
+    out, _ = tracer.meta(func, args, kwargs)
+    geometry = strides.eager_geometry(func, args, kwargs)
+    if geometry:
+        (stride, offset), = geometry
+        out = out._replace(stride=tuple(stride), offset=offset)
+    return step, out
 
 
 def _copied(v: Value) -> Value:
@@ -286,10 +343,10 @@ def _copied(v: Value) -> Value:
     return v
 
 
-def _view(cls, func, args, kwargs, x, step):
+def _view(func, args, kwargs, x, step, out) -> Value:
     root, chain = chain_of(x._value)
     if chain and undoes(chain[-1], step):
-        return _result(cls, func, args, kwargs, read_value(root, chain[:-1]))
+        return read_value(root, chain[:-1])
     chain = chain + (step,)
     w = write_of(root)
     if w is not None:
@@ -297,22 +354,35 @@ def _view(cls, func, args, kwargs, x, step):
         box = compose(root.aval.shape, chain)
         if box.positions == wrote.positions:
             src = _copied(w[1])
-            same = box == wrote and src.aval.dtype == root.aval.dtype
-            value = src if same else _node("functional.relayout", Relayout(wrote, box), (src,),
-                                           Aval(box.shape, root.aval.dtype))
-            return _result(cls, func, args, kwargs, value)
-    out = tracer.trace(cls, func, args, kwargs)
-    _reads[out._value.node] = (root, chain)
-    return out
+            if box == wrote and src.aval.dtype == root.aval.dtype:
+                return src
+            return _node("functional.relayout", Relayout(wrote, box), (src,),
+                         Aval(box.shape, root.aval.dtype))
+    memo = _memo.get(root.node)
+    key = (root.index, chain)
+    node = memo.get(key, _dead)() if memo is not None else None
+    if node is not None:
+        return Value(node, 0)                    # the same view of the same value, traced before
+    value = _plain(func, args, kwargs, out)
+    _reads[value.node] = (root, chain)
+    if memo is None:
+        memo = _memo[root.node] = {}
+    memo[key] = weakref.ref(value.node)
+    return value
 
 
-def _scatter(cls, func, args, kwargs, y, src, step):
+def _plain(func, args, kwargs, out) -> Value:
+    """The op as the ordinary tracer records it (its own aten node)."""
+    return Value(tracer.make_node(func, registry.lookup(func), args, kwargs, [out]), 0)
+
+
+def _scatter(func, args, kwargs, y, src, step, out) -> Value:
     root, chain = chain_of(y._value)
     below = write_of(root)
     if not chain and below is None:
-        out = tracer.trace(cls, func, args, kwargs)
-        _writes[out._value.node] = (root, src._value, compose(root.aval.shape, (step,)))
-        return out
+        value = _plain(func, args, kwargs, out)
+        _writes[value.node] = (root, src._value, compose(root.aval.shape, (step,)))
+        return value
     box = compose(root.aval.shape, chain + (step,))
     value = _copied(src._value)
     s_root, s_chain = chain_of(value)
@@ -324,4 +394,4 @@ def _scatter(cls, func, args, kwargs, y, src, step):
         written = write_value(below[0], src._value, box)   # overwrites the write below
     else:
         written = write_value(root, src._value, box)
-    return _result(cls, func, args, kwargs, read_value(written, chain))
+    return read_value(written, chain)
