@@ -103,3 +103,25 @@ def test_rrelu_training_draws_slopes_in_range_and_backprops_them():
     torch.testing.assert_close(g[~pos], slope, rtol=1e-5, atol=1e-6)
     assert not torch.equal(out, y2)                # fresh slopes each call
     torch.testing.assert_close(out, y3, rtol=0, atol=0)   # ... and repeatable under a seed
+
+
+def test_rrelu_in_place_writes_self_and_its_noise_on_both_paths(path):
+    x = torch.randn(64, 8)
+    with settings.override(cpu_fallback="error"):
+        d = x.to(xc.device())
+        F.rrelu(d, 0.1, 0.3, training=True, inplace=True)
+        out = d.cpu()
+        e = x.to(xc.device())
+        F.rrelu_(e, 0.1, 0.3, training=False)          # eval: the mean slope, in place
+        assert_eval = e.cpu()
+        noise = torch.zeros(64, 8).to(xc.device())
+        r = torch.ops.aten.rrelu_with_noise(x.to(xc.device()), noise, 0.1, 0.3, True)
+        r, noise = r.cpu(), noise.cpu()
+    pos = x > 0
+    torch.testing.assert_close(out[pos], x[pos], rtol=0, atol=0)
+    slope = out[~pos] / x[~pos]
+    assert bool(((slope >= 0.1 - 1e-6) & (slope <= 0.3 + 1e-6)).all()) and slope.std() > 0.01
+    torch.testing.assert_close(assert_eval, F.rrelu(x, 0.1, 0.3, training=False))
+    # the out-of-place overload writes the slopes it drew into `noise` (1 where x > 0)
+    torch.testing.assert_close(noise[pos], torch.ones_like(noise[pos]))
+    torch.testing.assert_close(r, x * noise)

@@ -119,7 +119,11 @@ def _sum_to(x, shape):
     return jnp.sum(x, axis=axes, keepdims=True).reshape(shape) if axes else x.reshape(shape)
 
 
-@lowering(aten.rrelu_with_noise_functional.default, random=True, static=True, meta=True)
+# rrelu_with_noise writes `noise`, rrelu_with_noise_ writes `self` and `noise`: neither has a
+# functional variant the tracer can find by name, so the rule serves all three; its outputs
+# (out or new self, new noise) are what each overload's fresh returns + mutated args need.
+@lowering(aten.rrelu_with_noise_functional.default, aten.rrelu_with_noise.default,
+          aten.rrelu_with_noise_.default, random=True, static=True, meta=True)
 def rrelu_with_noise(x, noise, lower=1 / 8, upper=1 / 3, training=False, generator=None, *, key,
                      aval):
     """(out, new noise): a random slope in [lower, upper) for each non-positive element."""
