@@ -130,10 +130,16 @@ def test_a_changed_shape_or_learning_rate_records_again(path, dev):
                 group["lr"] = 0.05
         w = _eager_step(cpu_model, cpu_opt, x, y)
         assert_same(step(model, opt, x.to(dev), y.to(dev)), w)
+        if i == 3:
+            assert step.reason.startswith("re-traced: arg/2 was ")
+            assert "(5, 6)" in step.reason and "(7, 6)" in step.reason
+        if i == 4:
+            assert "lr was 0.1, now 0.05" in step.reason
     for p, q in zip(model.parameters(), cpu_model.parameters()):
         assert_same(p, q.detach())
-    # batch 5: record, record (state appears), replay; batch 7: record, lr 0.05: record twice?
+    # batch 5: record (no grads yet), record, replay; batch 7: record; lr 0.05: record, replay.
     assert step.stats["recorded"] == 4 and step.stats["replays"] == 2
+    assert step.stats["guard_failures"] == 3
 
 
 def test_dropout_draws_fresh_numbers_on_each_replay(path, dev):

@@ -32,6 +32,7 @@ Returned tensors are values without autograd history.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import types
@@ -137,8 +138,9 @@ def _walk_module(m: torch.nn.Module, address, slots: list, sig: list) -> None:
 
 def _walk_optimizer(o: torch.optim.Optimizer, address, slots: list, sig: list) -> None:
     for gi, group in enumerate(o.param_groups):
-        sig.append((address, gi, tuple(sorted((k, _hashable(v)) for k, v in group.items()
-                                              if k != "params"))))
+        for k, v in group.items():
+            if k != "params":
+                sig.append((address, gi, k, _hashable(v)))
         for pi, p in enumerate(group["params"]):
             a = address + (gi, pi)
             slots.append(StateSlot(a + ("param",), lambda p=p: p, None))
@@ -439,6 +441,27 @@ def _replay(rec: Recording, slots: list):
     return result
 
 
+def difference(old: tuple, new: tuple) -> str:
+    """The first guard in which two signatures differ, for a person to read."""
+    before = {e[:-1]: e[-1] for e in old if isinstance(e, tuple) and e}
+    for e in new:
+        if isinstance(e, tuple) and e and before.get(e[:-1], e[-1]) != e[-1]:
+            return f"{_readable(e[:-1])} was {before[e[:-1]]!r}, now {e[-1]!r}"
+    keys_old = {e[:-1] for e in old if isinstance(e, tuple) and e}
+    keys_new = {e[:-1] for e in new if isinstance(e, tuple) and e}
+    gone, came = sorted(map(repr, keys_old - keys_new)), sorted(map(repr, keys_new - keys_old))
+    if came:
+        return f"new state {came[0]}"
+    if gone:
+        return f"state {gone[0]} is gone"
+    return "the signature changed"
+
+
+def _readable(key: tuple) -> str:
+    return "/".join(str(p) for part in key
+                    for p in (part if isinstance(part, tuple) else (part,)))
+
+
 # ----------------------------------------------------------------------------------------------
 # The public wrapper.
 
@@ -449,7 +472,8 @@ class CapturedStep:
         self.fn = fn
         self.state = tuple(state)
         self.max_recordings = max_recordings
-        self.recordings: dict = {}
+        self.recordings: collections.OrderedDict = collections.OrderedDict()
+        self._last_sig = None
         self.refused: dict = {}
         self.reason: Optional[str] = None
         self.stats = {"replays": 0, "recorded": 0, "traced": 0, "guard_failures": 0}
@@ -470,6 +494,8 @@ class CapturedStep:
                 try:
                     out = _replay(rec, slots)
                     self._quiet_since = next(ir._ids)
+                    self._last_sig = sig
+                    self.recordings.move_to_end(sig)
                     self.stats["replays"] += 1
                     metrics.inc("StepCaptureReplay")
                     return out
@@ -478,8 +504,13 @@ class CapturedStep:
                     metrics.inc("StepCaptureGuardFailure")
                     self.reason = str(e)
                     del self.recordings[sig]
-            if sig in self.refused or len(self.recordings) >= self.max_recordings:
+            if sig in self.refused:
                 return self._traced(args, kwargs)
+            if self._last_sig is not None and rec is None:
+                # A guard failed: this call's signature differs from the recorded ones.
+                self.stats["guard_failures"] += 1
+                metrics.inc("StepCaptureGuardFailure")
+                self.reason = "re-traced: " + difference(self._last_sig, sig)
             try:
                 result, sig_before, rec = _record(self.fn, args, kwargs, self.state)
             except CaptureRefused as e:
@@ -490,6 +521,9 @@ class CapturedStep:
                 metrics.inc("StepCaptureRefused")
                 return result
             self.recordings[sig_before] = rec
+            self._last_sig = sig_before
+            while len(self.recordings) > self.max_recordings:      # least recently used
+                self.recordings.pop(next(iter(self.recordings)))
             self.stats["recorded"] += 1
             metrics.inc("StepCaptureRecorded")
             return result
