@@ -434,19 +434,8 @@ def _execute(roots: list[Value], donatable: set):
     graph = collect(roots, donatable)
     params = _params(graph)
     metrics.sample("IrGraphSize", len(graph.nodes), unit=" nodes")
-    direct = _direct(graph)
-    if direct is not None:          # a replayed step (capture.py): its recorded executable
-        metrics.inc("CachedCompile")
-        _last_compiled = direct
-        _before_execute(graph)
-        start = time.perf_counter_ns()
-        outs = direct(*params)
-        metrics.sample("ExecuteTime", time.perf_counter_ns() - start)
-        _note_dispatched(outs)
-        if graph.donate:
-            metrics.inc("InputOutputAliasCount", len(graph.donate))
-        return graph, direct, [outs[v.index] for v in graph.roots]
-    compiled = cache.get(graph.key)
+    direct = _direct(graph)       # a replayed step (capture.py) brings its recorded executable
+    compiled = direct if direct is not None else cache.get(graph.key)
     if compiled is None:
         metrics.inc("UncachedCompile")
         compiled = compile_graph(graph, params)
@@ -461,6 +450,8 @@ def _execute(roots: list[Value], donatable: set):
     _note_dispatched(outputs)
     if graph.donate:
         metrics.inc("InputOutputAliasCount", len(graph.donate))
+    if direct is not None:        # the node's outputs, in root order
+        outputs = [outputs[v.index] for v in graph.roots]
     return graph, compiled, outputs
 
 
