@@ -50,6 +50,14 @@ def test_gather_of_0d_tensor():
     check(torch.gather, torch.tensor(4.0), 0, torch.tensor(0))
 
 
+def test_an_empty_index_of_higher_rank_gathers_nothing_and_scatters_nothing(path):
+    x, idx = torch.randn(5), torch.zeros(2, 0, dtype=torch.long)   # eager accepts the rank
+    check(torch.gather, x, 0, idx)
+    check(torch.scatter, x, 0, idx, 1.0)
+    check(torch.scatter_add, x, 0, idx, torch.randn(2, 0))
+    check(torch.scatter_reduce, x, 0, idx, torch.randn(2, 0), "amax")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [0, -1])
 def test_scatter_src_and_value_keep_the_last_write(dtype, d):

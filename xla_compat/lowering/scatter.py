@@ -37,6 +37,8 @@ def _prep(x, d, index):
 @lowering(aten.gather.default)
 def gather(x, d, index, *, sparse_grad=False):
     shape = index.shape
+    if index.size == 0:     # eager accepts an empty index of any rank
+        return jnp.zeros(shape, x.dtype)
     x, d, index, _ = _prep(x, d, index)
     return jnp.reshape(x[_coords(index, d)], shape)
 
@@ -52,6 +54,8 @@ def _src_for(src, index):
 
 def _scatter(x, d, index, src, reduce=None):
     shape = x.shape
+    if index.size == 0:     # nothing to write (the index may have any rank when empty)
+        return x
     x, d, index, _ = _prep(x, d, index)
     src = cast(_src_for(src, index), x.dtype)
     coords = _coords(index, d)
