@@ -107,6 +107,8 @@ def _identity(reduce, dtype):
 def _scatter_reduce(x, d, index, src, reduce, include_self):
     """scatter_reduce.two: ``reduce`` over self (if ``include_self``) and every src aimed at a place."""
     shape = x.shape
+    if index.size == 0:
+        return x
     x, d, index, _ = _prep(x, d, index)
     src = cast(_src_for(src, index), x.dtype)
     coords = _coords(index, d)
