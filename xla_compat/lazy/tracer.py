@@ -526,7 +526,13 @@ def check_result_cast(func, functional, f_call, mutated) -> None:
 
     Meta kernels of in-place ops skip this check (``int_tensor.mul_(0.5)`` passes on meta), so
     without it the device would silently truncate where eager raises."""
-    out, _ = meta(functional, *f_call)
+    try:
+        out, _ = meta(functional, *f_call)
+    except (RuntimeError, TypeError):
+        # the dispatcher drops arguments equal to the in-place op's defaults, which the
+        # functional variant may not have (bernoulli_(p=0.5) -> bernoulli.p needs p); the
+        # in-place op's own meta kernel already ran, so no eager error is lost here
+        return
     results = _flat_tensors(out)
     if len(results) != len(mutated):
         return
