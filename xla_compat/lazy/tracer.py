@@ -284,6 +284,24 @@ def eager_check(*ops):
     return register
 
 
+def _flat_key(func, args):
+    """The meta-cache key of a call whose arguments are tensors, numbers, None or dtypes (the
+    common case, built without recursion); None otherwise. ``id(func)``: overloads live for the
+    process, and OpOverload.__hash__ is Python code."""
+    parts = [id(func)]
+    for x in args:
+        tx = type(x)
+        if tx in _NUMBER:
+            parts.append((tx, x))
+        elif isinstance(x, torch.Tensor):
+            parts.append((x.shape, x.stride(), x.dtype, x.storage_offset()))
+        elif x is None or tx is torch.dtype:
+            parts.append(x)
+        else:
+            return None
+    return tuple(parts)
+
+
 _META_CACHE: dict = {}
 _META_CACHE_LIMIT = 65536
 
@@ -294,10 +312,12 @@ def meta(func, args, kwargs):
     Cached on the op and its arguments' shapes, strides, dtypes and static values, so a traced
     loop runs each distinct op's meta kernel once. Errors are never cached.
     """
-    parts = [func]
-    key = None
-    if _key_of(args, parts) and _key_of(tuple(sorted(kwargs.items())), parts):
-        key = tuple(parts)
+    key = _flat_key(func, args) if not kwargs else None
+    if key is None:
+        parts = [id(func)]
+        if _key_of(args, parts) and _key_of(tuple(sorted(kwargs.items())), parts):
+            key = tuple(parts)
+    if key is not None:
         hit = _META_CACHE.get(key)
         if hit is not None:
             metrics.inc("MetaCacheHit")
