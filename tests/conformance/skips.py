@@ -14,6 +14,13 @@ SKIP_OPS: dict[str, str] = {
     # The flash/efficient attention kernels exist only for CUDA; their CPU samples are empty.
     "torch.ops.aten._flash_attention_forward": "CUDA-only kernel; eager CPU has no implementation",
     "torch.ops.aten._efficient_attention_forward": "CUDA-only kernel; eager CPU has no implementation",
+    # Impossible on XLA by nature: XLA arrays are dense, and XLA has no 32-bit complex type.
+    "to_sparse": "produces a sparse COO layout; XLA arrays are dense (the hlo device registers "
+                 "only the strided layout)",
+    "sparse.sampled_addmm": "takes and returns sparse CSR tensors; XLA arrays are dense",
+    "sparse.mm.reduce": "takes a sparse CSR operand; XLA arrays are dense",
+    "chalf": "converts to complex32 (chalf), a dtype XLA does not have (the device raises a "
+             "TypeError naming it)",
 }
 
 # -- random ops: compared by shape, dtype and statistics -------------------------------------------
@@ -27,6 +34,11 @@ RANDOM_OPS: dict[str, str] = {name: "draws random numbers; compared by shape, dt
     "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
     "nn.functional.rrelu",
 )}
+# The pooling windows' offsets are drawn with torch.rand on the input's device; with the same
+# `_random_samples` the device matches eager exactly (tests/lowering/test_nn_pooling.py).
+RANDOM_OPS.update({name: "draws its random pooling windows; compared by shape, dtype, statistics"
+                   for name in ("nn.functional.fractional_max_pool2d",
+                                "nn.functional.fractional_max_pool3d")})
 
 # -- uninitialised memory: compare shape and dtype only -------------------------------------------
 METADATA_ONLY: dict[str, str] = {name: "output is uninitialised memory in eager; shape and dtype "
