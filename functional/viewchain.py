@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 import torch
 
-from xla_compat import metrics, settings
+from xla_compat import _jax, metrics, settings
 from xla_compat.lazy import ir, tracer
 from xla_compat.lazy.ir import Aval, Node, Slot, Value
 from xla_compat.lazy.tensor import LazyTensor, lock
@@ -177,15 +177,6 @@ class Relayout:
 # Side tables on nodes (weak: a node synced away drops its entry).
 _reads: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()   # (root, chain)
 _writes: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()  # (root, src, box)
-
-
-# root node -> {(output index, chain): weak ref to the node reading it}: functionalization
-# regenerates a view from its base on every access; one node serves them all.
-_memo: "weakref.WeakKeyDictionary[Node, dict]" = weakref.WeakKeyDictionary()
-
-
-def _dead():
-    return None
 
 
 def chain_of(v: Value) -> tuple:
@@ -358,22 +349,29 @@ def _view(func, args, kwargs, x, step, out) -> Value:
                 return src
             return _node("functional.relayout", Relayout(wrote, box), (src,),
                          Aval(box.shape, root.aval.dtype))
-    memo = _memo.get(root.node)
-    key = (root.index, chain)
-    node = memo.get(key, _dead)() if memo is not None else None
-    if node is not None:
-        return Value(node, 0)                    # the same view of the same value, traced before
+    if len(chain) > 1:
+        return read_value(root, chain)           # one node reads the whole chain from the root
     value = _plain(func, args, kwargs, out)
     _reads[value.node] = (root, chain)
-    if memo is None:
-        memo = _memo[root.node] = {}
-    memo[key] = weakref.ref(value.node)
     return value
 
 
 def _plain(func, args, kwargs, out) -> Value:
-    """The op as the ordinary tracer records it (its own aten node)."""
-    return Value(tracer.make_node(func, registry.lookup(func), args, kwargs, [out]), 0)
+    """The op as the ordinary tracer records it (its own aten node, same template)."""
+    if kwargs:
+        return Value(tracer.make_node(func, registry.lookup(func), args, kwargs, [out]), 0)
+    n = 2 if func in _SCATTERS else 1
+    inputs = tuple(t._value for t in args[:n])
+    for v in inputs:
+        if type(v.node) is ir.Poisoned:
+            raise v.node.error
+    template = tuple(Slot(i) for i in range(n)) + tuple(
+        tuple(a) if type(a) is list else a for a in args[n:])
+    source = ir.user_frame() if settings.get().ir_debug else None
+    node = Node(tracer.op_name(func), registry.lookup(func), template, (), inputs,
+                (Aval(tuple(out.shape), _jax.to_jax_dtype(out.dtype)),), source)
+    metrics.inc("IrNodes")
+    return Value(node, 0)
 
 
 def _scatter(func, args, kwargs, y, src, step, out) -> Value:
