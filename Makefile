@@ -20,7 +20,7 @@ conformance: .venv
 	$(PY) -m tests.conformance.run --full --jobs $(JOBS)
 
 fuzz: .venv
-	$(PY) -m tests.fuzz.run --examples 20000
+	$(PY) -m tests.fuzz.run --examples 20000 --out tests/fuzz/LAST_RUN.md
 
 bench: .venv
 	$(PY) benchmarks/run.py --out benchmarks/RESULTS.md

@@ -51,7 +51,10 @@ def fuzz(examples: int, seed: int | None):
                   f"{sum(known.values())} known-issue hits", flush=True)
 
     start = time.time()
-    prop()
+    try:
+        prop()
+    except KeyboardInterrupt:      # stopped by hand (SIGINT): report what ran
+        stats["interrupted"] = True
     return stats, known, failures, time.time() - start
 
 
@@ -73,8 +76,9 @@ def shrink(kind: str, program):
 
 
 def report(examples, stats, known, failures, seconds) -> str:
-    lines = [f"- programs run: {stats['programs']} (asked for {examples}), each on CPU eager, "
-             f"legacy and functional, in {seconds:.0f} s",
+    stopped = " (stopped by hand)" if stats.get("interrupted") else ""
+    lines = [f"- programs run: {stats['programs']} (asked for {examples}{stopped}), each on CPU "
+             f"eager, legacy and functional, in {seconds:.0f} s",
              f"- statements: {stats['statements']} ({stats['expected_errors']} that eager "
              f"rejects, checked to be rejected alike; {stats['syncs']} syncs)",
              f"- new failures: {len(failures)}",
