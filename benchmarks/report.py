@@ -109,6 +109,15 @@ def machine() -> dict:
 
 
 BASELINE_START, BASELINE_END = "<!-- baseline-profile:start -->", "<!-- baseline-profile:end -->"
+# Hand-written notes (before/after comparisons of a change) kept verbatim across reruns.
+NOTES_START, NOTES_END = "<!-- notes:start -->", "<!-- notes:end -->"
+
+
+def _notes(previous: str) -> list:
+    if NOTES_START in previous and NOTES_END in previous:
+        body = previous.split(NOTES_START, 1)[1].split(NOTES_END, 1)[0].strip("\n")
+        return [NOTES_START, body, NOTES_END, ""]
+    return []
 
 
 def _baseline(previous: str, current_profile: str, machine: dict) -> str:
@@ -143,6 +152,7 @@ def report(results, workloads_run, args, machine_start, machine_end, profiles: s
         "",
         summary_table(results, workloads_run),
         "",
+        *_notes(previous),
         "## Per variant",
         "",
         "`trace part`: the median time spent before the sync (Python tracing), same unit. "
