@@ -74,3 +74,14 @@ def test_repeat_interleave_with_output_size_needs_no_round_trip(path):
     out = torch.repeat_interleave(rep, output_size=6)
     assert xc.metrics.counters().get("HostRoundTrip", 0) == before
     assert_same(out, torch.tensor([0, 1, 1, 2, 2, 2]))
+
+
+def test_tensor_split_takes_cpu_split_points_and_rejects_device_ones_like_eager(path):
+    # eager requires the split points on the CPU whatever the input's device
+    x, idx = torch.randn(5, 5, 5), torch.tensor([1, 3, 4])
+    for points, d in [(idx, 1), (torch.tensor(3), 0), ([1, 2], 2), (2, -1)]:
+        assert_same(tuple(torch.tensor_split(dev(x), points, d)),
+                    tuple(torch.tensor_split(x, points, d)))
+    with pytest.raises(RuntimeError, match="expected tensor_indices_or_sections to be on cpu, "
+                                           "but it's on hlo:0"):
+        torch.tensor_split(dev(x), dev(idx), 1)
