@@ -9,6 +9,8 @@ parameter is a new wrapper object no factory saw, and a failed sync must roll it
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch._tensor_str as _tensor_str
 
@@ -67,3 +69,34 @@ def install() -> None:
     torch.nn.Parameter.__new__ = staticmethod(parameter_new)
     torch.Tensor.__deepcopy__ = __deepcopy__
     torch.Tensor.__reduce_ex__ = __reduce_ex__
+    global _lib
+    _lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():     # "overriding a previously registered kernel": meant
+        warnings.simplefilter("ignore")
+        _lib.impl("_to_copy", _to_copy_functionalize, "Functionalize")
+
+
+_lib = None
+_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+
+
+def _to_copy_functionalize(self, *, dtype=None, layout=None, device=None, pin_memory=None,
+                           non_blocking=False, memory_format=None):
+    """``_to_copy`` of a functional tensor (``x.to(torch.float64)``, ``x.cpu()``).
+
+    Upstream's kernel re-wraps the result only for devices "opted into functionalization" (XLA
+    and Lazy), so on ``hlo`` ``x.to(dtype)`` handed the user the bare inner tensor, which no
+    longer aliased anything and broke the next in-place op that met a wrapper. Here a result on
+    ``hlo`` is wrapped; one on another device (``.cpu()``) is returned as is, as upstream does."""
+    inner = self
+    if torch._is_functional_tensor(self):
+        torch._sync(self)
+        inner = torch._from_functional_tensor(self)
+    with torch._C._ExcludeDispatchKeyGuard(_FUNCTIONALIZE):
+        out = torch.ops.aten._to_copy.default(
+            inner, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+            non_blocking=non_blocking, memory_format=memory_format)
+    if out.device.type != "hlo" or torch._is_functional_tensor(out):
+        return out
+    from .wrap import wrap
+    return wrap(out)

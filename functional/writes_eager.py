@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import warnings
 
 import torch
 from torch._decomp import global_decomposition_table
@@ -262,7 +263,9 @@ def install() -> None:
         original = meta_kernels.get(op)
         if original is None:
             continue
-        _lib.impl(op, _meta_hook(op, original), "Meta")
+        with warnings.catch_warnings():   # "overriding a previously registered kernel": meant
+            warnings.simplefilter("ignore")
+            _lib.impl(op, _meta_hook(op, original), "Meta")
         functional = tracer.mutation_info(op)[2]
         if functional is not None:
             handles(functional)(_keep_written_layout(_HANDLERS.get(functional)))

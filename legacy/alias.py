@@ -79,8 +79,10 @@ class Alias:
             self.base = value
             if type(value.node) is DeviceData:
                 self.last = value
-        elif self.pending and self.pending[-1][0] == chain:
-            self.pending[-1] = (chain, value)   # consecutive writes through one chain collapse
+        elif self.pending and self.pending[-1][0] == chain and views.injective(chain):
+            # Consecutive writes through one chain collapse (not through an overlapping view:
+            # its write-back counts the elements each write changed).
+            self.pending[-1] = (chain, value)
         else:
             self.pending.append((chain, value))
         self.gen += 1

@@ -316,8 +316,10 @@ def write(base, chain: tuple, value):
 def scatter_through(base, chain: tuple, value):
     """Compose ``chain`` into one index map over ``base`` and scatter ``value`` through it.
 
-    Where view elements share a base element, the one last in the view's element order wins
-    (what a sequential eager loop over the view leaves behind).
+    Where view elements share a base element, only the elements the write CHANGED count (eager
+    writes just the elements an op touches: ``x.expand(3, 2)[1] = 5`` leaves the other rows'
+    copies alone), and of several changed ones the last in the view's element order wins (what a
+    sequential eager loop over the view leaves behind).
     """
     if not all(step.keeps_elements for step in chain):
         raise NotImplementedError(
@@ -329,9 +331,14 @@ def scatter_through(base, chain: tuple, value):
     idx = read(jnp.reshape(lax.iota(kind, size), base.shape), chain)
     flat = jnp.reshape(base, (-1,))
     vals = jnp.reshape(jnp.broadcast_to(value, idx.shape), (-1,)).astype(base.dtype)
-    if vals.size:
-        flat = flat.at[jnp.reshape(idx, (-1,))].set(vals)
-    return jnp.reshape(flat, base.shape)
+    if not vals.size:
+        return base
+    idx = jnp.reshape(idx, (-1,))
+    changed = vals != flat[idx]
+    order = lax.iota(kind, vals.size)
+    last = jnp.full(flat.shape, -1, kind).at[idx].max(jnp.where(changed, order, -1))
+    picked = vals[jnp.clip(last, 0, vals.size - 1)]
+    return jnp.reshape(jnp.where(last >= 0, picked, flat), base.shape)
 
 
 @dataclass(frozen=True)

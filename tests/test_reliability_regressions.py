@@ -246,3 +246,53 @@ def test_writes_through_a_select_of_a_zero_stride_as_strided_view_match_eager(pa
         return t0
     cpu = program(torch.tensor(0.))
     assert torch.equal(program(torch.tensor(0.).to(dev)).cpu(), cpu)
+
+
+_EXPANDED_WRITES = {
+    "index_put_ one row": lambda t: t.expand(3, 2).index_put_(
+        (torch.tensor([1], device=t.device),), torch.tensor(5., device=t.device)),
+    "masked_fill_ part of each row": lambda t: t.expand(3, 2).masked_fill_(
+        torch.tensor([[False, True]] * 3, device=t.device), 2.),
+    "zero_ then index_put_": lambda t: (t.expand(3, 2).detach().zero_(), t.expand(3, 2).index_put_(
+        (torch.tensor([1, 0], device=t.device),), torch.tensor(2., device=t.device))),
+    "fill_": lambda t: t.expand(3, 2).fill_(7.),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Use of index_put_ on expanded tensors")
+@pytest.mark.parametrize("write", list(_EXPANDED_WRITES), ids=list(_EXPANDED_WRITES))
+def test_writes_eager_allows_into_an_expanded_view(path, dev, write):
+    # Fuzz (Dec 2, 20k run): legacy wrote the whole view back, so the unwritten rows' copies
+    # (old values) overwrote the written ones; now only changed elements count. Upstream
+    # functionalization would sum every copy's change: the functional path refuses instead.
+    cpu = torch.arange(2.)
+    _EXPANDED_WRITES[write](cpu)
+    t = torch.arange(2.).to(dev)
+    if path == "functional":
+        from xla_compat.functional.writes import FunctionalizationLimit
+        with pytest.raises(FunctionalizationLimit):
+            _EXPANDED_WRITES[write](t)
+        assert torch.equal(t.cpu(), torch.arange(2.))
+    else:
+        _EXPANDED_WRITES[write](t)
+        assert torch.equal(t.cpu(), cpu)
+
+
+def test_to_dtype_of_a_device_tensor_stays_on_its_path(path, dev):
+    # Found by the coverage work (Dec 2): upstream's _to_copy Functionalize kernel re-wraps only
+    # for XLA/Lazy devices, so on hlo ``x.to(dtype)`` returned the bare inner tensor.
+    from xla_compat import paths
+    cpu = torch.randint(0, 6, (8,))
+    x = cpu.to(dev)
+    y = x.to(torch.float32)
+    assert paths.of(y) == path and y.dtype == torch.float32
+    y.add_(torch.ones(8).to(dev))               # an in-place op meeting another device tensor
+    y[2:4].mul_(10)                             # and a write through a view of it
+    want = cpu.to(torch.float32) + 1
+    want[2:4] *= 10
+    assert torch.equal(y.cpu(), want)
+    assert torch.equal(x.cpu(), cpu)            # the source is untouched
+    z = torch.ones(3, requires_grad=True)
+    w = z.to(dev).to(torch.float64)
+    w.sum().backward()
+    assert torch.equal(z.grad, torch.ones(3))
