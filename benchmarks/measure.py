@@ -27,10 +27,12 @@ import xla_compat as xc
 from xla_compat import executor, metrics, settings
 from benchmarks import jax_twins
 
-VARIANTS = ("eager", "legacy", "functional", "jax")
-LAZY = ("legacy", "functional")
+VARIANTS = ("eager", "legacy", "functional", "jax", "legacy+capture", "functional+capture")
+LAZY = ("legacy", "functional", "legacy+capture", "functional+capture")
+CAPTURED = ("legacy+capture", "functional+capture")     # the step replayed by xc.compile
 LABELS = {"eager": "torch eager CPU", "legacy": "hlo legacy", "functional": "hlo functional",
-          "jax": "JAX twin (jit)"}
+          "jax": "JAX twin (jit)", "legacy+capture": "legacy, captured",
+          "functional+capture": "functional, captured"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,7 +209,7 @@ def _variant_context(variant: str):
     executor.clear_cache()   # each path compiles its own graphs: compile time is per variant
     with tempfile.TemporaryDirectory() as tmp:
         dump = os.path.join(tmp, "hlo.txt")
-        with settings.override(dump_path=dump), xc.use_path(variant):
+        with settings.override(dump_path=dump), xc.use_path(variant.split("+")[0]):
             yield {"dump": dump, "device": xc.device()}
 
 
@@ -217,7 +219,11 @@ def _measure(workload, variant, warmup, iters, ctx):
         prog = jax_twins.twin(workload)
         block = prog.block
     else:
-        prog = workload.torch_program(ctx.get("device", "cpu"))
+        if variant in CAPTURED:     # xc.compile records the step, then replays it
+            prog = workload.torch_program(ctx["device"], capture=True)
+            prog.step = xc.compile(prog.step)
+        else:
+            prog = workload.torch_program(ctx.get("device", "cpu"))
         block = _wait_lazy if lazy else (lambda: None)
         if lazy:
             _wait_lazy()   # the initial transfers are not part of any step

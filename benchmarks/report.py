@@ -53,13 +53,15 @@ def summary_table(results: list[Measurement], workloads_run) -> str:
     by = {(m.workload, m.variant): m for m in results}
     lines = ["| workload | unit | torch eager CPU | hlo legacy | hlo functional | JAX twin | "
              "legacy / eager | functional / eager | legacy / JAX | functional / JAX | "
-             "functional / legacy |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "functional / legacy | legacy captured | functional captured | "
+             "captured legacy / JAX | captured functional / JAX |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in workloads_run:
-        e, lg, fn, jx = (by.get((w.name, v)) for v in VARIANTS)
+        e, lg, fn, jx, clg, cfn = (by.get((w.name, v)) for v in VARIANTS)
         lines.append(f"| {w.name}: {w.describe()} | {w.unit} | {_cell(e)} | {_cell(lg)} | "
                      f"{_cell(fn)} | {_cell(jx)} | {_ratio(lg, e)} | {_ratio(fn, e)} | "
-                     f"{_ratio(lg, jx)} | {_ratio(fn, jx)} | {_ratio(fn, lg)} |")
+                     f"{_ratio(lg, jx)} | {_ratio(fn, jx)} | {_ratio(fn, lg)} | {_cell(clg)} | "
+                     f"{_cell(cfn)} | {_ratio(clg, jx)} | {_ratio(cfn, jx)} |")
     return "\n".join(lines)
 
 

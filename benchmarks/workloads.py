@@ -9,6 +9,7 @@ compared with torch eager.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -100,7 +101,7 @@ class ElementwiseChain(Workload):
         return {"x": torch.randn(self.shape, generator=g),
                 "y": torch.randn(self.shape, generator=g) * 0.5}
 
-    def torch_program(self, device) -> Program:
+    def torch_program(self, device, capture: bool = False) -> Program:
         init = self.initial()
         return _ChainProgram(init["x"].to(device), init["y"].to(device), self.ops)
 
@@ -173,7 +174,7 @@ class MLPTraining(Workload):
     def make_opt(self, params):
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
 
-    def torch_program(self, device) -> Program:
+    def torch_program(self, device, capture: bool = False) -> Program:
         model, batch = self.initial()
         return _TrainingProgram(model, self.make_opt, batch, device)
 
@@ -252,12 +253,16 @@ class GPTTraining(Workload):
         idx = torch.randint(0, self.vocab, (self.batch, self.seq), generator=g)
         return model, (idx, torch.roll(idx, -1, dims=1))
 
-    def make_opt(self, params):
-        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+    def make_opt(self, params, capture: bool = False):
+        # Captured (xc.compile): AdamW keeps its step counter on the device (capturable), so
+        # the bias corrections are computed in the graph and every step replays.
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay,
+                                 capturable=capture)
 
-    def torch_program(self, device) -> Program:
+    def torch_program(self, device, capture: bool = False) -> Program:
         model, batch = self.initial()
-        return _TrainingProgram(model, self.make_opt, batch, device)
+        return _TrainingProgram(model, functools.partial(self.make_opt, capture=capture), batch,
+                                device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,7 +308,7 @@ class KVCacheDecode(Workload):
         return {"cache": torch.randn(self.shape, generator=g),
                 "kv": torch.randn(kv_shape, generator=g)}
 
-    def torch_program(self, device) -> Program:
+    def torch_program(self, device, capture: bool = False) -> Program:
         init = self.initial()
         return _KVProgram(init["cache"].to(device), init["kv"].to(device), self.positions)
 
