@@ -44,6 +44,13 @@ def _extra_roots():
     return [a.flush() for a in _alias.live_aliases()]
 
 
+def _predecessors():
+    """Each storage's pending base and the materialised base it replaces (for donation)."""
+    for a in _alias.live_aliases():
+        if a.last is not None and not a.base.node.is_leaf:
+            yield a.base, a.last
+
+
 def _held_values():
     """Values still needed after a sync: never donate their buffers."""
     for a in _alias.live_aliases():
@@ -96,6 +103,7 @@ def _to_path(t) -> LegacyTensor:
 
 
 executor.register_extra_roots(_extra_roots)
+executor.register_predecessors(_predecessors)
 executor.register_value_holder(_held_values)
 executor.register_rebinder(_rebind)
 executor.register_failure_hook(_roll_back)

@@ -64,7 +64,9 @@ class Graph:
     mesh: object = None   # SPMD: the jax Mesh the graph is partitioned over (None: one device)
 
 
-def collect(roots: list[Value], donatable=frozenset()) -> Graph:
+def collect(roots: list[Value], donatable=frozenset(), predecessor=None) -> Graph:
+    """The graph computing ``roots``; ``predecessor`` maps a root to id() of the leaf it replaces
+    (the value its tensor held before), so outputs can be ordered to meet their donated inputs."""
     slot: dict[int, int] = {}
     nodes: list[Node] = []
     leaves: list[Node] = []
@@ -91,6 +93,8 @@ def collect(roots: list[Value], donatable=frozenset()) -> Graph:
                 continue
             slot[id(node)] = len(nodes)
             nodes.append(node)
+    if donatable and sharding.any_marked():
+        donatable = _unshared(leaves, donatable)
     leaf_key = []
     donate = []
     spread = []           # SPMD: leaves laid out over several devices, constraint nodes
@@ -110,10 +114,65 @@ def collect(roots: list[Value], donatable=frozenset()) -> Graph:
         ins = tuple(
             ("p" if v.node.is_leaf else "n", slot[id(v.node)], v.index) for v in node.inputs)
         entries.append((node.op, node.rule, node.args, node.kwargs, node.avals, ins))
+    roots = _donation_order(roots, leaves, donate, predecessor)
     root_key = tuple(("p" if v.node.is_leaf else "n", slot[id(v.node)], v.index) for v in roots)
     key = (tuple(leaf_key), tuple(entries), root_key)
     mesh = _mesh_of(spread) if spread else None
     return Graph(nodes, leaves, list(roots), slot, tuple(donate), key, mesh)
+
+
+def _unshared(leaves: list, donatable) -> set:
+    """``donatable`` less leaves whose buffer another leaf of the graph also holds: laying a
+    buffer out on a one-device mesh (device_put) returns the same buffer, and a buffer donated
+    twice is an error (once, and the other leaf reads freed memory)."""
+    owners: dict = collections.defaultdict(set)     # buffer address -> leaves holding it
+    donatable = set(donatable)
+    for leaf in leaves:
+        if type(leaf) is DeviceData:
+            try:
+                for shard in leaf.array.addressable_shards:
+                    owners[(shard.device, shard.data.unsafe_buffer_pointer())].add(id(leaf))
+            except Exception:  # noqa: BLE001 - a buffer we cannot inspect is not donated
+                donatable.discard(id(leaf))
+    for ids in owners.values():
+        if len(ids) > 1:
+            donatable -= ids
+    return donatable
+
+
+def _donation_order(roots: list, leaves: list, donate: list, predecessor) -> list:
+    """``roots`` reordered so each new value meets the donated buffer it replaces.
+
+    jax pairs the k-th donated input of a shape and dtype with the k-th output of that shape and
+    dtype. Paired by chance (a weight's buffer with its gradient), XLA must copy the weight to
+    keep it while the gradient is written over it. So per shape and dtype, the outputs follow the
+    donated inputs: each input's successor (``predecessor`` maps a root to id() of the leaf it
+    replaces) in its place, another output where it has none, the rest after."""
+    if not predecessor or not donate:
+        return list(roots)
+    successor = {leaf: root for root, leaf in predecessor.items()}
+    by_aval: dict = collections.defaultdict(list)
+    for v in roots:
+        by_aval[v.aval].append(v)
+    order: list = []
+    placed = set()
+    for aval, group in by_aval.items():
+        mine = [i for i in donate if leaves[i].avals[0] == aval]
+        if not all(id(leaves[i]) in successor for i in mine):
+            order.extend(group)    # a buffer whose successor is unknown: keep the order we had
+            placed.update(group)
+            continue
+        others = [v for v in group if v not in predecessor]
+        for i in mine:
+            leaf = leaves[i]
+            root = successor.get(id(leaf))
+            if root is None or root.aval != aval or root in placed:
+                root = others.pop(0) if others else None
+            if root is not None and root not in placed:
+                order.append(root)
+                placed.add(root)
+        order.extend(v for v in group if v not in placed and not placed.add(v))
+    return order
 
 
 def _mesh_of(shardings) -> jax.sharding.Mesh:
@@ -369,13 +428,14 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
         if full and settings.get().donate:
             held = _held_leaf_ids(exclude={id(t) for t in pending})
             donatable = {id(n) for n in _leaf_candidates(roots)} - held
+        predecessor = _predecessors(pending) if donatable else None
         try:
-            graph, compiled, outputs = _execute(roots, donatable)
+            graph, compiled, outputs = _execute(roots, donatable, predecessor)
         except BaseException as e:
             _rollback(pending, e)
             raise
         mapping: dict = {}
-        for v, arr in zip(roots, outputs):
+        for v, arr in zip(graph.roots, outputs):
             mapping[v] = ir.leaf(arr)
         for runs in _recorders:
             runs.append((graph, compiled, mapping))
@@ -388,6 +448,30 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
             rng.set_materialized(mapping[rng_state])
         for fn in _rebinders:
             fn(mapping)
+
+
+_predecessor_fns: list = []
+
+
+def register_predecessors(fn) -> None:
+    """``fn()`` yields (pending Value, the leaf Value it replaces) for values outside tensors
+    (legacy alias bases), so their outputs meet their donated buffers (``_donation_order``)."""
+    _predecessor_fns.append(fn)
+
+
+def _predecessors(pending) -> dict:
+    """{pending root: id of the leaf it replaces}, one root per leaf, same shape and dtype."""
+    pairs = [(t._value, t._last_data) for t in pending]
+    for fn in _predecessor_fns:
+        pairs.extend(fn())
+    out, taken = {}, set()
+    for value, last in pairs:
+        if (last is None or value in out or id(last.node) in taken
+                or value.aval != last.aval):
+            continue
+        out[value] = id(last.node)
+        taken.add(id(last.node))
+    return out
 
 
 _extra_root_fns: list = []
@@ -428,10 +512,10 @@ def _leaf_candidates(roots):
     return out
 
 
-def _execute(roots: list[Value], donatable: set):
-    """(graph, executable, output arrays in root order) of running the graph of ``roots``."""
+def _execute(roots: list[Value], donatable: set, predecessor=None):
+    """(graph, executable, output arrays in ``graph.roots`` order) of running ``roots``."""
     global _last_compiled
-    graph = collect(roots, donatable)
+    graph = collect(roots, donatable, predecessor)
     params = _params(graph)
     metrics.sample("IrGraphSize", len(graph.nodes), unit=" nodes")
     direct = _direct(graph)       # a replayed step (capture.py) brings its recorded executable

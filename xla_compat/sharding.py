@@ -251,5 +251,10 @@ def apply_all() -> None:
             _relayout(t, spec)
 
 
+def any_marked() -> bool:
+    """Has any tensor a layout over a mesh (so buffers may be shared between leaves)?"""
+    return bool(_marked) or bool(_by_alias)
+
+
 def spec_of(t) -> Optional[ShardingSpec]:
     return getattr(t, "_sharding", None)
