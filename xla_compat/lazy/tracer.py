@@ -284,6 +284,21 @@ def eager_check(*ops):
     return register
 
 
+# Output shapes eager gives and PyTorch's meta kernels do not (eval-mode batch norm returns empty
+# save_mean/save_invstd on the CPU, its meta kernel [C]): ``fn(func, bound, out)`` returns the
+# meta output to use instead. Run with the meta kernel, so once per signature.
+_EAGER_OUTPUTS: dict = {}
+
+
+def eager_output(*ops):
+    """Register ``fn(func, bound, out) -> out`` as the eager-shape fix of ``ops`` (see ``meta``)."""
+    def register(fn):
+        for op in ops:
+            _EAGER_OUTPUTS[op] = fn
+        return fn
+    return register
+
+
 def _flat_key(func, args):
     """The meta-cache key of a call whose arguments are tensors, numbers, None or dtypes (the
     common case, built without recursion); None otherwise. ``id(func)``: overloads live for the
@@ -327,6 +342,9 @@ def meta(func, args, kwargs):
     check = _EAGER_CHECKS.get(func)
     if check is not None:
         check(func, _bind(func, args, kwargs))
+    fix = _EAGER_OUTPUTS.get(func)
+    if fix is not None:
+        out = fix(func, _bind(func, args, kwargs), out)
     out = _wrapped_number_strides(func, args, kwargs, out)
     flat = _flat_tensors((args, list(kwargs.values())))
     after = {i: _desc(memo[id(t)]) for i, t in enumerate(flat) if id(t) in memo}
