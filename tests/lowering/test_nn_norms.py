@@ -163,3 +163,45 @@ def test_batch_norm_with_update_returns_an_empty_reserve_and_writes_running_stat
     for op in (aten._batch_norm_with_update_functional.default,
                aten._batch_norm_no_update.default, aten.batch_norm_backward.default):
         assert registry.lookup(op) is not None, op
+
+
+_EVAL_BN = {
+    "native_batch_norm": lambda x, w, b, rm, rv: aten.native_batch_norm(
+        x, w, b, rm, rv, False, 0.1, 1e-5),
+    "_native_batch_norm_legit": lambda x, w, b, rm, rv: aten._native_batch_norm_legit(
+        x, w, b, rm, rv, False, 0.1, 1e-5),
+    "_native_batch_norm_legit_no_training": lambda x, w, b, rm, rv:
+        aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5),
+    "_native_batch_norm_legit_functional": lambda x, w, b, rm, rv:
+        aten._native_batch_norm_legit_functional(x, w, b, rm, rv, False, 0.1, 1e-5),
+    "_batch_norm_no_update": lambda x, w, b, rm, rv: aten._batch_norm_no_update(
+        x, w, b, rm, rv, 0.1, 1e-5),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_EVAL_BN))
+def test_eval_batch_norm_returns_empty_saved_stats_like_cpu_eager(path, _no_fallback, op):
+    import xla_compat as xc
+    x, w, b = torch.randn(3, 2, 4), torch.randn(2), torch.randn(2)
+    rm, rv = torch.randn(2), torch.rand(2) + 0.5
+    expected = _EVAL_BN[op](x, w, b, rm, rv)
+    d = xc.device()
+    actual = _EVAL_BN[op](x.to(d), w.to(d), b.to(d), rm.to(d), rv.to(d))
+    assert expected[1].shape == (0,)      # what CPU eager gives (the meta kernel says [C])
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        torch.testing.assert_close(a.cpu(), e, rtol=1e-5, atol=1e-5)
+
+
+def test_training_batch_norm_still_saves_per_channel_stats(path, _no_fallback):
+    import xla_compat as xc
+    x, w, b = torch.randn(3, 2, 4), torch.randn(2), torch.randn(2)
+    rm, rv = torch.randn(2), torch.rand(2) + 0.5
+    expected = aten.native_batch_norm(x, w, b, rm.clone(), rv.clone(), True, 0.1, 1e-5)
+    d = xc.device()
+    actual = aten.native_batch_norm(x.to(d), w.to(d), b.to(d), rm.to(d), rv.to(d), True, 0.1,
+                                    1e-5)
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape
+        torch.testing.assert_close(a.cpu(), e, rtol=1e-5, atol=1e-5)

@@ -12,6 +12,9 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+import torch
+
+from ..lazy import tracer
 from ._helpers import acc_dtype
 from .registry import aten, lowering
 
@@ -34,6 +37,25 @@ def _empty(aval):
 
 
 # -- batch norm -----------------------------------------------------------------------------------
+
+@tracer.eager_output(aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+                     aten._native_batch_norm_legit_functional.default,
+                     aten._native_batch_norm_legit_no_training.default,
+                     aten._batch_norm_no_update.default)
+def _eval_saves_are_empty(func, bound, out):
+    """In eval mode with running stats, CPU eager returns save_mean and save_invstd of shape (0,)
+    (CUDA and the meta kernels return [C]); the backward then reads the running stats."""
+    if func is aten._native_batch_norm_legit_no_training.default:
+        evaluating = True
+    elif func is aten._batch_norm_no_update.default:
+        evaluating = bound.get("running_mean") is not None
+    else:
+        evaluating = not bound.get("training") and bound.get("running_mean") is not None
+    if not evaluating:
+        return out
+    empty = [torch.empty((0,), dtype=t.dtype, device="meta") for t in out[1:3]]
+    return (out[0], *empty, *out[3:])
+
 
 def _batch_stats(x):
     """(mean [C], sum of squared deviations [C], count per channel) over every dim but 1."""
