@@ -141,6 +141,11 @@ def skip_sample(full_name: str, variant: str, dtype: torch.dtype, sample) -> str
         # eager requires the split points on the CPU for every device ("tensor_split expected
         # tensor_indices_or_sections to be on cpu"); the harness moves every tensor argument
         return "split points must stay on the CPU (eager rejects device ones on any device)"
+    if full_name == "nn.functional.scaled_dot_product_attention" and kwargs.get("dropout_p"):
+        # the dropout mask comes from the device RNG (eager's from the CPU generator), so the
+        # values differ by design; dropout_p=0 samples are exact, and the dropout is checked by
+        # statistics in tests/lowering/test_attention_dropout.py
+        return "attention dropout draws from the device RNG (eager: the CPU generator)"
     gen = kwargs.get("generator")
     if isinstance(gen, torch.Generator):
         return "sample passes a CPU torch.Generator, which cannot drive device random ops"
