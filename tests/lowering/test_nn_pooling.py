@@ -137,3 +137,20 @@ def test_fractional_max_pool3d_with_given_samples():
     check(lambda x, s: F.fractional_max_pool3d(x, (2, 3, 2), output_size=(4, 3, 5),
                                                _random_samples=s, return_indices=True),
           x, samples, frozen=(1,))
+
+
+@pytest.mark.parametrize("n,shape,kernel", [(2, (0, 1, 5, 4), (2, 2)),
+                                            (3, (0, 1, 4, 5, 4), (2, 2, 1))])
+def test_fractional_max_pool_of_an_empty_batch_gives_empty_outputs(path, n, shape, kernel):
+    import xla_compat as xc
+    from xla_compat import settings
+    pool = F.fractional_max_pool2d if n == 2 else F.fractional_max_pool3d
+    x, samples = torch.randn(shape), torch.rand(0, shape[1], n)
+    expected = pool(x, kernel, output_size=2, return_indices=True, _random_samples=samples)
+    d = xc.device()
+    with settings.override(cpu_fallback="error"):
+        actual = pool(x.to(d), kernel, output_size=2, return_indices=True,
+                      _random_samples=samples.to(d))
+        actual = [t.cpu() for t in actual]
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape == (0, shape[1]) + (2,) * n

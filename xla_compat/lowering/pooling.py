@@ -310,7 +310,7 @@ def _fractional_max_pool(x, kernel_size, output_size, samples, n):
     starts = [_fractional_starts(u[..., order[d]], in_sizes[d], out_sizes[d], kernel[d])
               for d in range(n)]
     strides = [math.prod(in_sizes[d + 1:]) for d in range(n)]
-    flat_x = x.reshape(x.shape[:lead] + (-1,))
+    flat_x = x.reshape(x.shape[:lead] + (math.prod(in_sizes),))   # not -1: the batch may be empty
     vals, idxs = [], []
     for offs in itertools.product(*(range(k) for k in kernel)):
         flat = 0
@@ -320,7 +320,8 @@ def _fractional_max_pool(x, kernel_size, output_size, samples, n):
             shape[d] = out_sizes[d]
             flat = flat + pos.reshape(pos.shape[:-1] + tuple(shape)) * strides[d]
         flat = jnp.broadcast_to(flat, x.shape[:lead] + out_sizes)
-        v = jnp.take_along_axis(flat_x, flat.reshape(x.shape[:lead] + (-1,)), axis=-1)
+        v = jnp.take_along_axis(flat_x, flat.reshape(x.shape[:lead] + (math.prod(out_sizes),)),
+                                axis=-1)
         vals.append(v.reshape(flat.shape))
         idxs.append(flat)
     vals, idxs = jnp.stack(vals, axis=-1), jnp.stack(idxs, axis=-1)
