@@ -44,14 +44,7 @@ from .strides import view_op_of
 aten = torch.ops.aten
 
 
-@functools.lru_cache(maxsize=None)
-def _overload(name: str):
-    """The OpOverload an IR node's op name ("aten.mul.Tensor") names, or None."""
-    parts = name.split(".")
-    if len(parts) != 3 or parts[0] != "aten":
-        return None
-    packet = getattr(aten, parts[1], None)
-    return getattr(packet, parts[2], None) if packet is not None else None
+_overload = tracer.overload_named
 
 
 def _is_pointwise(name: str) -> bool:

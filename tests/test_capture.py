@@ -227,11 +227,15 @@ def test_a_method_step_finds_its_state_on_self(path, dev):
     assert step.stats["replays"] == 2
 
 
+def _sgd_pair(dev):
+    """The same model and SGD optimizer on the device and on the CPU."""
+    model, cpu_model = _model().to(dev), _model()
+    return (model, torch.optim.SGD(model.parameters(), lr=0.1), cpu_model,
+            torch.optim.SGD(cpu_model.parameters(), lr=0.1))
+
+
 def test_a_step_that_reads_a_value_on_the_host_is_refused_and_still_runs(path, dev):
-    model = _model().to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cpu_model = _model()
-    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    model, opt, cpu_model, cpu_opt = _sgd_pair(dev)
 
     def step(model, opt, x, y):
         return _eager_step(model, opt, x, y).item()
@@ -246,10 +250,7 @@ def test_a_step_that_reads_a_value_on_the_host_is_refused_and_still_runs(path, d
 
 
 def test_a_step_that_moves_data_to_the_device_itself_is_refused(path, dev):
-    model = _model().to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cpu_model = _model()
-    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    model, opt, cpu_model, cpu_opt = _sgd_pair(dev)
 
     def step(model, opt, x, y):
         return _eager_step(model, opt, x.to(dev), y.to(dev))

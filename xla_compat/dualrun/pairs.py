@@ -28,6 +28,7 @@ from .. import _jax, device as _device, dispatch, executor, metrics, paths
 from ..lazy import ir
 from ..lazy.ir import DeviceData, ScalarParam, Value
 from ..lazy.tensor import DEVICE, LazyTensor, lock
+from ..lazy import tracer
 from ..lazy.tracer import fill
 from ..lowering.registry import Rule
 from .compare import IgnoreRules, Mismatch, compare_arrays, compare_values
@@ -408,12 +409,6 @@ def _window_nodes(values, first: int, last: int) -> list:
     return sorted(out, key=lambda n: n.id)
 
 
-def _overload(name: str):
-    parts = name.split(".")
-    if len(parts) != 3 or parts[0] != "aten":
-        return None
-    packet = getattr(aten, parts[1], None)
-    return getattr(packet, parts[2], None) if packet is not None else None
 
 
 def _cpu_arg(x):
@@ -427,7 +422,7 @@ def oracle_check(path: str, values, first: int, last: int) -> list[dict]:
     run by PyTorch on the CPU on the same input values, in creation order."""
     found = []
     for node in _window_nodes(values, first, last):
-        op = _overload(node.op)
+        op = tracer.overload_named(node.op)
         rule = node.rule
         if op is None or not isinstance(rule, Rule) or rule.random or op._schema.is_mutable:
             continue

@@ -190,6 +190,16 @@ def op_name(func) -> str:
     return str(func)
 
 
+@functools.lru_cache(maxsize=None)
+def overload_named(name: str):
+    """The aten OpOverload an IR node's op name ("aten.mul.Tensor") names, or None."""
+    parts = name.split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        return None
+    packet = getattr(aten, parts[1], None)
+    return getattr(packet, parts[2], None) if packet is not None else None
+
+
 def make_node(func, rule: registry.Rule, args, kwargs, out_metas) -> Node:
     """A node applying ``rule`` to ``args``; its outputs are described by ``out_metas``."""
     tb = _Template(func, lift=not rule.static)
