@@ -33,13 +33,13 @@ class LegacyTensor(LazyTensor):
 
     path_name = "legacy"
     _alias = None
+    _core_registry = False    # the path's own registry (_tensors) lists them
     __torch_function__ = classmethod(_core_tensor.path_checking_torch_function)
 
     @staticmethod
     def __new__(cls, value, shape, dtype, strides=None, storage_offset=None,
                 requires_grad=False, *, alias=None, chain=()):
         t = LazyTensor.__new__(cls, value, shape, dtype, strides, storage_offset, requires_grad)
-        _core_tensor._live.pop(id(t), None)
         _tensors[id(t)] = t
         if alias is None:
             alias = Alias(value, Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset()))

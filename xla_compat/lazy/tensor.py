@@ -30,6 +30,7 @@ class LazyTensor(torch.Tensor):
 
     path_name = "core"
     _sharding = None      # a sharding.ShardingSpec once xc.mark_sharding laid the tensor out
+    _core_registry = True  # listed in live_tensors(); False for paths that keep their own list
 
     @staticmethod
     def __new__(cls, value: Value, shape, dtype, strides=None, storage_offset=None,
@@ -41,7 +42,8 @@ class LazyTensor(torch.Tensor):
             device=DEVICE, requires_grad=requires_grad)
         t._value = value
         t._last_data = value if value.node.is_leaf else None
-        _live[id(t)] = t
+        if cls._core_registry:
+            _live[id(t)] = t
         return t
 
     def __init__(self, *args, **kwargs):
