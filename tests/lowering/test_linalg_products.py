@@ -53,3 +53,25 @@ def test_addbmm_inplace_resizes_a_broadcastable_input_like_eager():
     out = d.addbmm_(dev(b1), dev(b2), beta=0.5)
     assert out is d and d.shape == (5, 10)
     assert_same(d, expected, 1e-5, 1e-5)
+
+
+# (Not [5, 1]: eager's resize makes the expanded input read storage its own copy has already
+# overwritten, so every row takes row 0's value; that aliasing artefact is not reproduced.)
+@pytest.mark.parametrize("shape", [(1,), (10,)])
+def test_addbmm_inplace_resizes_a_broadcastable_input_on_both_paths(path, shape):
+    # Upstream functionalization runs addbmm_'s meta kernel first, which refuses the resize.
+    torch.manual_seed(0)
+    x, b1, b2 = torch.randn(shape), torch.randn(5, 5, 5), torch.randn(5, 5, 10)
+    expected = x.clone().addbmm_(b1, b2, beta=0.5, alpha=2)
+    d = x.to(xc.device())
+    assert paths.of(d) == path
+    out = d.addbmm_(dev(b1), dev(b2), beta=0.5, alpha=2)
+    assert out is d and d.shape == expected.shape == (5, 10)
+    assert_same(d, expected, 1e-5, 1e-5)
+    assert_same(d + 1, expected + 1, 1e-5, 1e-5)      # later ops see the new shape
+
+
+def test_addbmm_inplace_meta_kernel_still_refuses_a_resize_outside_functionalization(path):
+    m = torch.empty(1, device="meta")
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        m.addbmm_(torch.empty(5, 5, 5, device="meta"), torch.empty(5, 5, 10, device="meta"))
