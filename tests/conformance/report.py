@@ -223,6 +223,48 @@ def merge(*datasets: dict) -> dict:
             "ops": [by_key[k] for k in order]}
 
 
+def rows_of(data: dict) -> list[dict]:
+    """A report's cells back as per-dtype rows (what ``build`` takes): to combine runs over the
+    same paths and different dtypes. A cell's error, fallback ops and seconds go to the dtype
+    its first error names (else its first dtype)."""
+    rows = []
+    for e in data["ops"]:
+        for path, p in e["paths"].items():
+            named = p["first_error"][1:].split("]", 1)[0] if p["first_error"].startswith("[") \
+                else None
+            dtypes = list(p.get("by_dtype") or {"-": [p["passed"], p["failed"], p["fallback"],
+                                                        p["skipped"]]})
+            owner = named if named in dtypes else dtypes[0]
+            for dt in dtypes:
+                counts = (p.get("by_dtype") or {}).get(dt) or [p["passed"], p["failed"],
+                                                               p["fallback"], p["skipped"]]
+                mine = dt == owner
+                rows.append({"op": e["op"], "variant": e["variant"], "path": path, "dtype": dt,
+                             "passed": counts[0], "failed": counts[1], "fallback": counts[2],
+                             "skipped": counts[3], "seconds": p["seconds"] if mine else 0.0,
+                             "first_error": p["first_error"].split("] ", 1)[-1]
+                             if mine and p["first_error"] else "",
+                             "skip_reason": p["skip_reason"],
+                             "fallback_ops": p["fallback_ops"] if mine else {}})
+    return rows
+
+
+def merge_dtypes(*datasets: dict) -> dict:
+    """One report from runs over the same paths and different dtypes (op_db gives the order).
+    A later run replaces an earlier one's cells for the same op, variant, path and dtype (a
+    rerun of the ops a fix touched)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+    cells = {}
+    for d in datasets:
+        for r in rows_of(d):
+            cells[(r["op"], r["variant"], r["path"], r["dtype"])] = r
+    rows = list(cells.values())
+    runs = [r for d in datasets for r in d["meta"].get("runs", [d["meta"]])]
+    meta = {**datasets[0]["meta"], "runs": runs,
+            "ops_selected": max(d["meta"]["ops_selected"] for d in datasets)}
+    return build(rows, meta, op_db, list(range(len(op_db))))
+
+
 def _rules_md(c: dict) -> list[str]:
     tol = ", ".join(f"{k} rtol {v['rtol']:g} atol {v['atol']:g}"
                     for k, v in c["default_tolerances"].items())
@@ -258,11 +300,14 @@ def write(data: dict, out_dir: str) -> None:
 if __name__ == "__main__":
     # python -m tests.conformance.report OUT_DIR A.json B.json ...: merge runs over different paths
     import sys
-    out_dir, *files = sys.argv[1:]
+    # python -m tests.conformance.report --dtypes OUT_DIR A.json B.json: same paths, other dtypes
+    args = sys.argv[1:]
+    by_dtype = args[0] == "--dtypes"
+    out_dir, *files = args[1:] if by_dtype else args
     loaded = []
     for name in files:
         with open(name) as f:
             loaded.append(json.load(f))
-    merged = merge(*loaded)
+    merged = merge_dtypes(*loaded) if by_dtype else merge(*loaded)
     write(merged, out_dir)
     print(summary(merged) if "wall_seconds" in merged["meta"] else "merged")
