@@ -155,3 +155,15 @@ def test_gather_and_scatter_gradients():
         (out.sum() + (m ** 2).sum()).backward()
         grads.append((a.grad, s.grad))
     assert_same(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("alpha", [False, True])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_index_add_on_bool_ors_source_times_alpha(path, alpha, inplace):
+    """alpha=False makes the bool source all False (self unchanged); alpha=True ORs it in."""
+    torch.manual_seed(0)
+    x, src, idx = _x(torch.bool, (5, 5)), _x(torch.bool, (5, 5)), torch.tensor([0, 4, 0, 2, 1])
+    if inplace:
+        check(lambda a, i, s: a.clone().index_add_(-1, i, s, alpha=alpha), x, idx, src)
+    else:
+        check(lambda a, i, s: a.index_add(-1, i, s, alpha=alpha), x, idx, src)

@@ -153,8 +153,9 @@ def _along_index(x, d, index, source):
 @lowering(aten.index_add.default, meta=True)
 def index_add(x, d, index, source, *, alpha=1, aval):
     xs, d, full, source = _along_index(x, d, index, source)
+    # bool: eager computes source * alpha first, so alpha=False adds nothing (True | False)
     source = cast(source, aval.dtype) * cast(alpha, aval.dtype) if aval.dtype != jnp.bool_ \
-        else cast(source, aval.dtype)
+        else cast(source, aval.dtype) & cast(alpha, jnp.bool_)
     return jnp.reshape(_scatter(xs, d, full, source, "add"), x.shape)
 
 
