@@ -44,3 +44,15 @@ def test_bernoulli_in_place_with_the_default_p(path):
     assert set(v.unique().tolist()) <= {0.0, 1.0}
     assert abs(v.mean().item() - 0.5) < 0.05
     assert not xc.metrics.counters().get("aten::bernoulli_")
+
+
+@pytest.mark.parametrize("gdtype", [torch.bool, torch.int64, torch.float32])
+@pytest.mark.parametrize("scale", [2.0, 0.5])
+def test_native_dropout_backward_promotes_a_bool_or_int_grad_like_eager(path, gdtype, scale):
+    torch.manual_seed(0)
+    grad = torch.randint(-3, 4, (5, 5, 5)).to(gdtype)
+    mask = torch.rand(5, 5, 5) > 0.5
+    expected = torch.ops.aten.native_dropout_backward(grad, mask, scale)
+    actual = torch.ops.aten.native_dropout_backward(dev(grad), dev(mask), scale)
+    assert actual.dtype == expected.dtype
+    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)

@@ -54,7 +54,8 @@ def native_dropout(x, p, train, *, key, aval):
 
 @lowering(aten.native_dropout_backward.default, meta=True)
 def native_dropout_backward(grad, mask, scale, *, aval):
-    return grad * cast(mask, grad.dtype) * cast(scale, grad.dtype)
+    # in the output dtype: a bool/int grad times a float scale promotes to float in eager
+    return cast(grad, aval.dtype) * cast(mask, aval.dtype) * cast(scale, aval.dtype)
 
 
 @lowering(getattr(aten.random_, "from"), aten.random_.to, aten.random_.default,
