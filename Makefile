@@ -1,6 +1,7 @@
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 JOBS    ?= 2
+CAP     ?= 8
 
 .PHONY: demo test conformance bench fuzz clean
 
@@ -17,7 +18,7 @@ test: .venv
 	$(PY) -m pytest -q -n $(JOBS) -m "not slow" tests
 
 conformance: .venv
-	$(PY) -m tests.conformance.run --full --jobs $(JOBS)
+	$(PY) -m tests.conformance.run --full --paths legacy,functional --cap $(CAP) --jobs $(JOBS)
 
 fuzz: .venv
 	$(PY) -m tests.fuzz.run --examples 20000 --out tests/fuzz/LAST_RUN.md

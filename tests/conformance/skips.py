@@ -14,6 +14,10 @@ SKIP_OPS: dict[str, str] = {
     # The flash/efficient attention kernels exist only for CUDA; their CPU samples are empty.
     "torch.ops.aten._flash_attention_forward": "CUDA-only kernel; eager CPU has no implementation",
     "torch.ops.aten._efficient_attention_forward": "CUDA-only kernel; eager CPU has no implementation",
+    # torch.cuda.jiterator: CUDA-only by construction; eager CPU raises for every sample.
+    **{name: "torch.cuda.jiterator compiles CUDA kernels; eager CPU raises for every sample"
+       for name in ("jiterator_unary", "jiterator_binary", "jiterator_4inputs_with_extra_args",
+                    "jiterator_binary_return_by_ref", "jiterator_2inputs_2outputs")},
     # Impossible on XLA by nature: XLA arrays are dense, and XLA has no 32-bit complex type.
     "to_sparse": "produces a sparse COO layout; XLA arrays are dense (the hlo device registers "
                  "only the strided layout)",
