@@ -89,3 +89,41 @@ def std_sort_last(x, descending, stable_sort_last):
     ix = jnp.take_along_axis(ix, perm, axis=-1)
     ix = jnp.reshape(ix, x.shape)
     return jnp.take_along_axis(x, ix, axis=-1), ix
+
+
+def _select_row(a, nth, descending):
+    """libstdc++ __introselect on one row, then its final insertion sort of <= 3 elements."""
+    n = a.shape[0]
+    comp = _gt if descending else _lt
+
+    def step(s):
+        a, ix, lo, hi = s
+        a, ix, cut = _partition(a, ix, lo, hi, comp)
+        return a, ix, jnp.where(cut <= nth, cut, lo), jnp.where(cut <= nth, hi, cut)
+
+    init = (a, jnp.arange(n, dtype=jnp.int64), jnp.int64(0), jnp.int64(n))
+    a, ix, lo, hi = lax.while_loop(lambda s: s[3] - s[2] > 3, step, init)
+    for p in (lo, lo + 1, lo):  # adjacent swaps on strict comparisons: a stable insertion sort
+        q = p + 1
+        swap = (q < hi) & comp(a[jnp.minimum(q, n - 1)], a[p])
+        q = jnp.minimum(q, n - 1)
+        a = a.at[p].set(jnp.where(swap, a[q], a[p])).at[q].set(jnp.where(swap, a[p], a[q]))
+        ix = ix.at[p].set(jnp.where(swap, ix[q], ix[p])).at[q].set(jnp.where(swap, ix[p], ix[q]))
+    return a, ix
+
+
+def topk_last(x, k, largest, stable_sort_last):
+    """Eager CPU topk along the last axis where it uses std::nth_element (k * 64 > n): the k-th
+    element selected, then std::sort of the first k - 1 (sic). Otherwise (std::partial_sort, a
+    heap) and for rows over MAX_EMULATED the stable order is used."""
+    n = x.shape[-1]
+    if k == 0 or x.size == 0 or k * 64 <= n or n > MAX_EMULATED:
+        v, i = stable_sort_last(x, largest)
+        return v[..., :k], i[..., :k]
+    keys = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
+    rows = jnp.reshape(keys, (-1, n))
+    rows, ix = jax.vmap(lambda r: _select_row(r, k - 1, largest))(rows)
+    head_v, head_i = std_sort_last(rows[:, :k - 1], largest, stable_sort_last)
+    ix = jnp.concatenate([jnp.take_along_axis(ix[:, :k - 1], head_i, -1), ix[:, k - 1:k]], -1)
+    ix = jnp.reshape(ix, x.shape[:-1] + (k,))
+    return jnp.take_along_axis(x, ix, axis=-1), ix
