@@ -238,6 +238,7 @@ class ReplayRule:
         self.compiled = compiled
         self.donate = graph.donate
         self.n_inputs = len(graph.leaves)
+        self.template = tuple(Slot(i) for i in range(self.n_inputs))   # the node's arguments
 
     def __call__(self, *ins):
         return self.fn(*ins)
@@ -408,8 +409,7 @@ def _replay(rec: Recording, slots: list):
             if leaf is None or leaf.signature() != signature:
                 raise GuardFailure(f"{address} holds no device buffer like the recorded one")
             inputs.append(Value(leaf, 0))
-    node = Node(REPLAY_OP, rec.rule, tuple(Slot(i) for i in range(len(inputs))), (),
-                tuple(inputs), rec.avals)
+    node = Node(REPLAY_OP, rec.rule, rec.rule.template, (), tuple(inputs), rec.avals)
     metrics.inc("IrNodes")
     for k, address, how, (shape, dtype, stride) in rec.writes:
         slot = by_address[address]
