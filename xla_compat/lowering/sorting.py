@@ -5,8 +5,7 @@ Everything is built on one stable sort that orders values the way PyTorch does (
 every number, -0.0 equal to 0.0, descending keeps equal elements in their original order).
 Where eager's CPU kernels order ties by their algorithm, the same algorithm decides here:
 sort without ``stable=True`` and mode follow std::sort (eager_sort_order.py), kthvalue eager's
-quickselect, topk std::nth_element. topk via partial_sort (k * 64 <= n) and median still give
-the stable order for ties.
+quickselect. topk (nth_element/partial_sort) and median still give the stable order for ties.
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._helpers import dim as wrap_dim, is_float
-from .eager_sort_order import std_sort_last, topk_last
+from .eager_sort_order import std_sort_last
 from .registry import aten, lowering
 
 
@@ -69,7 +68,10 @@ def msort(x):
 
 @lowering(aten.topk.default)
 def topk(x, k, d=-1, largest=True, sorted=True):
-    return _along(lambda v: topk_last(v, k, largest, sort_last), x, d)
+    def last(v):
+        values, idx = sort_last(v, largest)
+        return values[..., :k], idx[..., :k]
+    return _along(last, x, d)
 
 
 def _pick(values, idx, pos, keepdim):
