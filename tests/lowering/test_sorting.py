@@ -97,29 +97,6 @@ def test_kthvalue_returns_eagers_index_among_ties(path, dtype, dim):
         assert_same(tuple(dev(long).kthvalue(101)), tuple(long.kthvalue(101)))
 
 
-@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32])
-@pytest.mark.parametrize("descending", [False, True])
-def test_sort_without_stable_orders_ties_like_eagers_std_sort(path, dtype, descending):
-    """Without stable=True eager runs std::sort (introsort); argsort's tie order matches it."""
-    torch.manual_seed(0)
-    x = torch.randint(0, 3, (4, 300)).to(dtype)
-    assert_same(tuple(dev(x).sort(-1, descending)), tuple(x.sort(-1, descending)))
-    assert_same(dev(x).argsort(0, descending), x.argsort(0, descending))
-    big = torch.randperm(8000).to(dtype)  # OpInfo's large sample: bool has 7999 ties
-    assert_same(dev(big).argsort(descending=descending), big.argsort(descending=descending))
-    stable = dict(dim=-1, descending=descending, stable=True)
-    assert_same(dev(x).sort(**stable)[1], x.sort(**stable)[1])
-
-
-@pytest.mark.parametrize("dtype", [torch.bool, torch.int64])
-def test_mode_returns_eagers_index_among_many_ties(path, dtype):
-    torch.manual_seed(0)
-    x = torch.randint(0, 4, (3, 500)).to(dtype)
-    assert_same(tuple(dev(x).mode(-1)), tuple(x.mode(-1)))
-    long = torch.randint(0, 10, (3000,)).to(dtype)
-    assert_same(tuple(dev(long).mode()), tuple(long.mode()))
-
-
 def test_median_is_the_lower_median():
     x = torch.randperm(8).float()
     assert_same(dev(x).median(), x.median())

@@ -3,9 +3,9 @@ searchsorted/bucketize.
 
 Everything is built on one stable sort that orders values the way PyTorch does (NaN greater than
 every number, -0.0 equal to 0.0, descending keeps equal elements in their original order).
-Where eager's CPU kernels order ties by their algorithm, the same algorithm decides here:
-sort without ``stable=True`` and mode follow std::sort (eager_sort_order.py), kthvalue eager's
-quickselect. topk (nth_element/partial_sort) and median still give the stable order for ties.
+PyTorch's CPU sort without ``stable=True`` (and topk, median, mode) leave the order of equal
+elements to std::sort/nth_element; here they come out in the stable order. kthvalue follows
+eager's own quickselect, so its index for ties is eager's.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._helpers import dim as wrap_dim, is_float
-from .eager_sort_order import std_sort_last
 from .registry import aten, lowering
 
 
@@ -45,15 +44,11 @@ def _along(fn, x, d, *args):
     return tuple(jnp.moveaxis(o, -1, d) if o.ndim == x.ndim else o for o in outs)
 
 
-def _eager_sort_last(x, descending: bool = False):
-    return std_sort_last(x, descending, sort_last)
-
-
 @lowering(aten.sort.default, aten.sort.stable)
 def sort(x, d=-1, descending=False, *, stable=None, dim=None):
     if dim is not None:  # sort.stable passes everything but self by keyword
         d = dim
-    return _along(sort_last if stable else _eager_sort_last, x, d, descending)
+    return _along(sort_last, x, d, descending)
 
 
 @lowering(aten.argsort.default, aten.argsort.stable)
@@ -63,7 +58,7 @@ def argsort(x, d=-1, descending=False, *, stable=None, dim=None):
 
 @lowering(aten.msort.default)
 def msort(x):
-    return _along(sort_last, x, 0)[0]  # values only: the order of ties cannot show
+    return sort(x, 0)[0]
 
 
 @lowering(aten.topk.default)
@@ -196,9 +191,8 @@ def nanmedian_dim(x, d, keepdim=False):
 
 
 def _mode_last(v):
-    """Most frequent value along the last axis (the smallest on ties) and the index eager
-    returns: the last of its run after eager's std::sort of (value, index) pairs."""
-    values, idx = _eager_sort_last(v)
+    """Most frequent value along the last axis (the smallest on ties) and its last index."""
+    values, idx = sort_last(v)
     n = v.shape[-1]
     pos = lax.broadcasted_iota(jnp.int32, values.shape, values.ndim - 1)
     same_prev = jnp.concatenate(
