@@ -3,9 +3,8 @@ searchsorted/bucketize.
 
 Everything is built on one stable sort that orders values the way PyTorch does (NaN greater than
 every number, -0.0 equal to 0.0, descending keeps equal elements in their original order).
-PyTorch's CPU sort without ``stable=True`` (and topk, median, mode) leave the order of equal
-elements to std::sort/nth_element; here they come out in the stable order. kthvalue follows
-eager's own quickselect, so its index for ties is eager's.
+PyTorch's CPU sort without ``stable=True`` (and topk, kthvalue, median) leave the order of equal
+elements unspecified; here they always come out in the stable order.
 """
 from __future__ import annotations
 
@@ -87,70 +86,11 @@ def _keepdim_along(fn, x, d, keepdim):
     return (v, i) if keepdim else (jnp.squeeze(v, d), jnp.squeeze(i, d))
 
 
-def _gt_or_nan(x, y):
-    if is_float(x.dtype):
-        return (jnp.isnan(x) & ~jnp.isnan(y)) | (x > y)
-    return x > y
-
-
-def _swap_if(a, ix, p, q, cond):
-    ap, aq, ip, iq = a[p], a[q], ix[p], ix[q]
-    a = a.at[p].set(jnp.where(cond, aq, ap)).at[q].set(jnp.where(cond, ap, aq))
-    ix = ix.at[p].set(jnp.where(cond, iq, ip)).at[q].set(jnp.where(cond, ip, iq))
-    return a, ix
-
-
-def _quick_select_row(a, k):
-    """(value, index) of eager CPU kthvalue on one row: the same Sedgewick quickselect (median of
-    three, Hoare partition), so ties return eager's index. Each Hoare partition is computed at
-    once: the m-th left stop (a >= pivot) swaps with the m-th right stop (a <= pivot) while they
-    have not crossed; only the partitions (about log n of them) run sequentially."""
-    n = a.shape[0]
-    pos = jnp.arange(n)
-    far = n + 8
-
-    def partition(a, ix, lo, hi):
-        a, ix = _swap_if(a, ix, (lo + hi) >> 1, lo + 1, True)
-        a, ix = _swap_if(a, ix, lo + 1, hi, _gt_or_nan(a[lo + 1], a[hi]))
-        a, ix = _swap_if(a, ix, lo, hi, _gt_or_nan(a[lo], a[hi]))
-        a, ix = _swap_if(a, ix, lo + 1, lo, _gt_or_nan(a[lo + 1], a[lo]))
-        piv = a[lo]
-        istop = (pos >= lo + 2) & (pos <= hi) & ~_gt_or_nan(piv, a)
-        jstop = (pos >= lo + 1) & (pos <= hi - 1) & ~_gt_or_nan(a, piv)
-        ri, rj = jnp.cumsum(istop), jnp.cumsum(jstop[::-1])[::-1]  # 1-based stop ranks
-        # p[m]: m-th left stop (p[0] = -1), q[m]: m-th right stop (q[0] = far)
-        p = jnp.full(n + 3, far).at[0].set(-1).at[jnp.where(istop, ri, far)].set(pos, mode="drop")
-        q = jnp.full(n + 3, -1).at[0].set(far).at[jnp.where(jstop, rj, far)].set(pos, mode="drop")
-        m = jnp.sum(p[1:] < q[1:])  # swaps made before the pointers meet
-        same = p[m + 1] == q[m + 1]  # both pointers stop on one pivot-equal element: a no-op swap
-        i = jnp.minimum(jnp.where(same, p[m + 2], p[m + 1]), q[m])
-        j = jnp.maximum(jnp.where(same, q[m + 2], q[m + 1]), p[m])
-        src = jnp.where(istop & (ri <= m), q[ri], pos)
-        src = jnp.where(jstop & (rj <= m), p[rj], src)
-        a, ix = _swap_if(a[src], ix[src], lo, j, True)
-        return a, ix, jnp.where(j <= k, i, lo), jnp.where(j >= k, j - 1, hi)
-
-    def step(state):
-        a, ix, lo, hi = state
-        a2, ix2 = _swap_if(a, ix, lo, hi, _gt_or_nan(a[lo], a[hi]))  # two elements left
-        ap, ixp, lop, hip = partition(a, ix, lo, hi)
-        more = hi > lo + 1
-        return (jnp.where(more, ap, a2), jnp.where(more, ixp, ix2),
-                jnp.where(more, lop, lo), jnp.where(more, hip, lo))
-
-    state = (a, jnp.arange(n, dtype=jnp.int64), jnp.int64(0), jnp.int64(n - 1))
-    a, ix, _, _ = lax.while_loop(lambda s: s[3] > s[2], step, state)
-    return a[k], ix[k]
-
-
 @lowering(aten.kthvalue.default)
 def kthvalue(x, k, d=-1, keepdim=False):
     def last(v):
-        rows = jnp.reshape(v, (-1, v.shape[-1]))
-        rows = rows.astype(jnp.uint8) if rows.dtype == jnp.bool_ else rows
-        vals, idx = jax.vmap(lambda r: _quick_select_row(r, k - 1))(rows)
-        lead = v.shape[:-1] + (1,)
-        return jnp.reshape(vals, lead).astype(v.dtype), jnp.reshape(idx, lead)
+        values, idx = sort_last(v)
+        return _pick(values, idx, jnp.full(v.shape[:-1], k - 1, jnp.int32), True)
     return _keepdim_along(last, x, d, keepdim)
 
 
