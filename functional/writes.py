@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from xla_compat.lazy.ir import Aval, Node, Slot, Value
-from xla_compat.lowering.views import strided_index
+from xla_compat.lowering.views import strided_index, write_positions
 
 aten = torch.ops.aten
 
@@ -83,8 +83,8 @@ class Scatter:
         idx = np.frombuffer(self.index, dtype=np.int64)
         if not idx.size:
             return x
-        flat = x.reshape(-1).at[idx].set(src.reshape(-1).astype(x.dtype))
-        return flat.reshape(x.shape)
+        vals = src.reshape(-1).astype(x.dtype)
+        return write_positions(x.reshape(-1), idx, vals).reshape(x.shape)
 
     def __eq__(self, other):
         return type(other) is Scatter and other.shape == self.shape and other.index == self.index

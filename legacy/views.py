@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xla_compat.lowering.views import _bitcast, diag_index
+from xla_compat.lowering.views import _bitcast, diag_index, write_positions
 
 
 class ViewStep:
@@ -331,14 +331,8 @@ def scatter_through(base, chain: tuple, value):
     idx = read(jnp.reshape(lax.iota(kind, size), base.shape), chain)
     flat = jnp.reshape(base, (-1,))
     vals = jnp.reshape(jnp.broadcast_to(value, idx.shape), (-1,)).astype(base.dtype)
-    if not vals.size:
-        return base
-    idx = jnp.reshape(idx, (-1,))
-    changed = vals != flat[idx]
-    order = lax.iota(kind, vals.size)
-    last = jnp.full(flat.shape, -1, kind).at[idx].max(jnp.where(changed, order, -1))
-    picked = vals[jnp.clip(last, 0, vals.size - 1)]
-    return jnp.reshape(jnp.where(last >= 0, picked, flat), base.shape)
+    flat = write_positions(flat, jnp.reshape(idx, (-1,)), vals, overlapping=True)
+    return jnp.reshape(flat, base.shape)
 
 
 @dataclass(frozen=True)

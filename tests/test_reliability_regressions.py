@@ -234,11 +234,7 @@ def test_as_strided_of_a_view_past_its_elements(path, dev):
 def test_writes_through_a_select_of_a_zero_stride_as_strided_view_match_eager(path, dev, request):
     # Fuzz (Dec 2, 3000 programs): both elements of v1 are storage element 0. Eager: the last
     # write wins (3). Functional: the select write-back makes v1 [3, -1] and the as_strided
-    # scatter of two values into one position keeps -1.
-    if path == "functional":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): as_strided write-back with repeated storage positions does not "
-            "know which element was written (functional/writes.py Scatter)")))
+    # scatter of two values into one position kept -1; now only the changed element counts.
     def program(t0):
         v1 = t0.as_strided((2,), (0,), 0)
         v1[1] = -1
@@ -296,3 +292,15 @@ def test_to_dtype_of_a_device_tensor_stays_on_its_path(path, dev):
     w = z.to(dev).to(torch.float64)
     w.sum().backward()
     assert torch.equal(z.grad, torch.ones(3))
+
+
+def test_a_write_through_a_zero_stride_as_strided_view_changes_its_element(path, dev):
+    # Fuzz (Dec 2, 20k run): v = t.as_strided((3,), (0,), 2); v[1] = 3 left storage element 2
+    # unchanged on the functional path (the unwritten copies' old values won the scatter).
+    def program(t):
+        t.mul_(-1)
+        v = t.as_strided((3,), (0,), 2)
+        v[1] = 3
+        return t
+    cpu = program(torch.arange(8).reshape(2, 4, 1))
+    assert torch.equal(program(torch.arange(8).reshape(2, 4, 1).to(dev)).cpu(), cpu)

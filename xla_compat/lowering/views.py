@@ -170,11 +170,32 @@ def as_strided(x, size, stride, storage_offset=None):
     return jnp.reshape(x, (-1,))[idx] if idx.size else jnp.zeros(tuple(size), x.dtype)
 
 
+def write_positions(flat, idx, vals, overlapping=None):
+    """``flat`` with ``vals`` written at storage positions ``idx`` (a static numpy array, or a
+    jax array with ``overlapping`` given).
+
+    Where a position repeats (the view overlaps itself: expand, zero strides) only the elements
+    the write CHANGED count, the last changed one winning: eager writes just the elements an op
+    touches, so ``x.as_strided((3,), (0,), 2)[1] = 3`` leaves storage element 2 at 3 whatever the
+    other, unwritten copies hold. Shared by the paths' write-backs through such views."""
+    if not idx.size:
+        return flat
+    if overlapping is None:
+        overlapping = np.unique(idx).size < idx.size
+    if not overlapping:
+        return flat.at[idx].set(vals)
+    kind = jnp.int32 if flat.size < 2 ** 31 else jnp.int64
+    changed = vals != flat[idx]
+    order = jnp.arange(idx.size, dtype=kind)
+    last = jnp.full(flat.shape, -1, kind).at[idx].max(jnp.where(changed, order, -1))
+    return jnp.where(last >= 0, vals[jnp.clip(last, 0, idx.size - 1)], flat)
+
+
 @lowering(aten.as_strided_scatter.default)
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
-    idx = strided_index(size, stride, storage_offset or 0)
-    flat = jnp.reshape(x, (-1,)).at[idx.reshape(-1)].set(jnp.reshape(src, (-1,)).astype(x.dtype))
-    return flat.reshape(x.shape)
+    idx = strided_index(size, stride, storage_offset or 0).reshape(-1)
+    vals = jnp.reshape(src, (-1,)).astype(x.dtype)
+    return write_positions(jnp.reshape(x, (-1,)), idx, vals).reshape(x.shape)
 
 
 @lowering(aten.unfold.default, aten.unfold_copy.default)
