@@ -10,10 +10,10 @@ ARGS = ["--steps", "10", "--batch", "8", "--seq", "32", "--dual-run", "strict",
         "--dual-run-steps", "1"]
 
 
-def _run(path: str, tmp) -> str:
+def _run(path: str, tmp, *extra) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
     proc = subprocess.run([sys.executable, "-m", "xla_compat.demo", *ARGS, "--path", path,
-                           "--checkpoint-dir", str(tmp)], env=env, capture_output=True,
+                           "--checkpoint-dir", str(tmp), *extra], env=env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
@@ -34,3 +34,13 @@ def test_demo_repeats_exactly_with_the_same_seed(tmp_path):
     final = re.compile(r"final loss: ([\d.]+)")
     runs = [final.search(_run("functional", tmp_path)).group(1) for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_demo_with_step_capture_replays_and_trains(path, tmp_path):
+    out = _run(path, tmp_path, "--capture")
+    stats = re.search(r"step capture: \{'replays': (\d+), 'recorded': (\d+)", out)
+    assert stats, out[-2000:]
+    assert int(stats.group(1)) == 8 and int(stats.group(2)) == 2   # 10 steps: 2 recorded
+    start, end = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", out).groups())
+    assert end < start
+    assert "sampled step 0: match" in out and "reloaded: identical" in out

@@ -121,7 +121,10 @@ def train(args) -> dict:
     data = CharData(corpus(seed=args.seed), args.seq, args.seed)
     dev = xc.device()
     model = GPT(len(data.vocab), seq=args.seq).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    # Captured, AdamW keeps its step counter on the device (capturable), so every step replays.
+    capture = getattr(args, "capture", False)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01,
+                            capturable=capture)
 
     def step(x, y):
         opt.zero_grad()
@@ -129,6 +132,9 @@ def train(args) -> dict:
         loss.backward()
         opt.step()
         return loss
+
+    if capture:
+        step = xc.compile(step)        # trace twice, then replay the recorded graph
 
     losses = []
     start = time.perf_counter()
@@ -198,6 +204,9 @@ def main(argv=None) -> int:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--capture", action="store_true",
+                   help="replay the training step with xc.compile (no per-op tracing after the "
+                        "first steps)")
     p.add_argument("--dual-run", choices=["off", "sample", "strict"], default="sample")
     p.add_argument("--dual-run-steps", type=int, default=3)
     p.add_argument("--checkpoint-dir", default=None)
@@ -212,6 +221,9 @@ def main(argv=None) -> int:
         job = train(args)
         first, last = job["losses"][0], sum(job["losses"][-10:]) / min(10, len(job["losses"]))
         print(f"loss {first:.4f} -> {last:.4f} (mean of last 10) in {job['elapsed']:.1f}s")
+        if args.capture:
+            print(f"== step capture: {job['step'].stats}"
+                  + (f" ({job['step'].reason})" if job["step"].reason else ""))
         print("== " + dual_run_check(args, job))
         print("== " + checkpoint_round_trip(job, args))
     print("== metrics ==")
