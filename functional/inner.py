@@ -69,14 +69,7 @@ def _restride(cls, out, geometry):
 
 
 _HANDLERS: dict = {}
-
-
-def handles(*ops):
-    def register(fn):
-        for op in ops:
-            _HANDLERS[op] = fn
-        return fn
-    return register
+handles = tracer.op_table(_HANDLERS)
 
 
 @handles(aten.detach_copy.default, aten.alias_copy.default)

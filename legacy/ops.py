@@ -28,13 +28,8 @@ VIEWS: dict = {}
 RESTRIDES: dict = {}
 
 
-def view_op(*ops):
-    """Register ``fn(x, meta_out, *args, **kwargs) -> chain (or list of chains)`` for view ops."""
-    def register(fn):
-        for op in ops:
-            VIEWS[op] = fn
-        return fn
-    return register
+# ``@view_op(ops)``: ``fn(x, meta_out, *args, **kwargs) -> chain (or list of chains)``.
+view_op = tracer.op_table(VIEWS)
 
 
 def dispatch(func, args, kwargs):

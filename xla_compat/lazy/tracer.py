@@ -280,33 +280,29 @@ def _key_of(x, out: list) -> bool:
     return True
 
 
+def op_table(table: dict):
+    """A decorator factory: ``@deco(op1, op2)`` enters the function in ``table`` for each op
+    (the one registration pattern of the tracer's and the paths' per-op tables)."""
+    def deco(*ops):
+        def register(fn):
+            for op in ops:
+                table[op] = fn
+            return fn
+        return register
+    return deco
+
+
 # Checks eager makes that PyTorch's meta kernels skip (``mm`` of two dtypes computes on meta):
 # ``fn(func, bound_args)`` raises eager's error. Run with the meta kernel, so once per signature.
 _EAGER_CHECKS: dict = {}
-
-
-def eager_check(*ops):
-    """Register ``fn(func, bound)`` as the eager-only check of ``ops`` (see ``meta``)."""
-    def register(fn):
-        for op in ops:
-            _EAGER_CHECKS[op] = fn
-        return fn
-    return register
+eager_check = op_table(_EAGER_CHECKS)   # fn(func, bound) for ops; see ``meta``
 
 
 # Output shapes eager gives and PyTorch's meta kernels do not (eval-mode batch norm returns empty
 # save_mean/save_invstd on the CPU, its meta kernel [C]): ``fn(func, bound, out)`` returns the
 # meta output to use instead. Run with the meta kernel, so once per signature.
 _EAGER_OUTPUTS: dict = {}
-
-
-def eager_output(*ops):
-    """Register ``fn(func, bound, out) -> out`` as the eager-shape fix of ``ops`` (see ``meta``)."""
-    def register(fn):
-        for op in ops:
-            _EAGER_OUTPUTS[op] = fn
-        return fn
-    return register
+eager_output = op_table(_EAGER_OUTPUTS)  # fn(func, bound, out) -> out for ops; see ``meta``
 
 
 def _flat_key(func, args):
@@ -437,14 +433,7 @@ def describe(args) -> str:
 # The entry point.
 
 _SPECIAL: dict = {}
-
-
-def special(*ops):
-    def register(fn):
-        for op in ops:
-            _SPECIAL[op] = fn
-        return fn
-    return register
+special = op_table(_SPECIAL)
 
 
 class PathMixError(RuntimeError):
