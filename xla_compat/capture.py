@@ -270,10 +270,9 @@ def _leaf_of(t) -> Optional[Node]:
     return node if type(node) is DeviceData else None
 
 
-def _record(fn, args, kwargs, extra):
-    """Run the step traced, sync once, and return (result, Recording)."""
-    executor.sync_all()
-    slots, sig = state_of(fn, args, kwargs, extra)
+def _record(fn, args, kwargs, extra, slots):
+    """Run the step traced (nothing is pending: the caller synced before ``slots`` were read),
+    sync once, and return (result, Recording)."""
     foreign = [s.address for s in slots if s.get() is not None and paths.of(s.get()) is None]
     if foreign:      # dual-run lockstep's pair tensors: each op runs on two paths, no replay
         raise CaptureRefused(f"{foreign[0]} is not a tensor of one path (lockstep pair?); the "
@@ -311,8 +310,7 @@ def _record(fn, args, kwargs, extra):
             f"print, a data-dependent shape); only a step that syncs once can be replayed",
             result)
     graph, compiled, mapping = runs[0]
-    root_of = {id(new.node): k for k, new in
-               ((graph.roots.index(v), new) for v, new in mapping.items() if v in graph.roots)}
+    root_of = {id(mapping[v].node): k for k, v in enumerate(graph.roots)}
     inputs = []
     for leaf in graph.leaves:
         if type(leaf) is ScalarParam:
@@ -326,9 +324,10 @@ def _record(fn, args, kwargs, extra):
                 f"the step read device data of shape {list(leaf.avals[0].shape)} that is not in "
                 f"its arguments, modules or optimizers (moved to the device inside the step?); "
                 f"pass it as an argument or in state=", result)
-    writes, clears, bound, done = [], [], set(), set()
-    for s in post_slots:
-        t = s.get()
+    post = [(s, t, _leaf_of(t) if t is not None else None)
+            for s in post_slots for t in (s.get(),)]
+    writes, clears, done = [], [], set()
+    for s, t, leaf in post:
         old = before.get(s.address)
         if t is not None:
             if id(t) in done:       # one tensor at two addresses (a module's and an optimizer's)
@@ -340,7 +339,6 @@ def _record(fn, args, kwargs, extra):
                     raise CaptureRefused(f"the step cleared {s.address}", result)
                 clears.append(s.address)
             continue
-        leaf = _leaf_of(t)
         if leaf is None:
             raise CaptureRefused(f"{s.address} is not materialised after the step", result)
         k = root_of.get(id(leaf))
@@ -354,12 +352,8 @@ def _record(fn, args, kwargs, extra):
             raise CaptureRefused(f"{s.address} was replaced by a new tensor object", result)
         writes.append((k, s.address, "inplace" if same else "rebind",
                        (tuple(t.shape), t.dtype, tuple(t.stride()))))
-        bound.add(k)
     rng_out = root_of.get(id(rng.state().node))
-    if rng_out is not None:
-        bound.add(rng_out)
-    slot_by_leaf = {id(_leaf_of(s.get())): s.address for s in post_slots
-                    if s.get() is not None and _leaf_of(s.get()) is not None}
+    slot_by_leaf = {id(leaf): s.address for s, _, leaf in post if leaf is not None}
 
     def mark(v):
         if isinstance(v, torch.Tensor):
@@ -371,7 +365,6 @@ def _record(fn, args, kwargs, extra):
             k = root_of.get(id(leaf)) if leaf is not None else None
             if k is None:
                 raise CaptureRefused("the step returned a tensor it did not compute", result)
-            bound.add(k)
             return ("root", k, tuple(v.shape), v.dtype, tuple(v.stride()))
         if isinstance(v, (list, tuple)):
             return type(v)(mark(e) for e in v)
@@ -381,7 +374,7 @@ def _record(fn, args, kwargs, extra):
 
     marked = mark(result)
     avals = tuple(v.aval for v in graph.roots)
-    return result, sig, Recording(ReplayRule(graph, compiled), inputs, avals, writes, clears,
+    return result, Recording(ReplayRule(graph, compiled), inputs, avals, writes, clears,
                                   marked, rng_out)
 
 
@@ -482,9 +475,6 @@ class CapturedStep:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
-        impl = paths.active()
-        if getattr(impl, "assign", None) is None:      # a path without replay support (pairs)
-            return self._traced(args, kwargs)
         with self._lock:   # not the tracing lock: backward traces on autograd's device thread
             if next(ir._ids) != self._quiet_since + 1:   # IR was built since our last sync
                 executor.sync_all()
@@ -512,7 +502,7 @@ class CapturedStep:
                 metrics.inc("StepCaptureGuardFailure")
                 self.reason = "re-traced: " + difference(self._last_sig, sig)
             try:
-                result, sig_before, rec = _record(self.fn, args, kwargs, self.state)
+                result, rec = _record(self.fn, args, kwargs, self.state, slots)
             except CaptureRefused as e:
                 message, result = e.args
                 self.refused[sig] = message
@@ -520,8 +510,8 @@ class CapturedStep:
                 self.stats["traced"] += 1
                 metrics.inc("StepCaptureRefused")
                 return result
-            self.recordings[sig_before] = rec
-            self._last_sig = sig_before
+            self.recordings[sig] = rec
+            self._last_sig = sig
             while len(self.recordings) > self.max_recordings:      # least recently used
                 self.recordings.pop(next(iter(self.recordings)))
             self.stats["recorded"] += 1

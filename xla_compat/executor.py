@@ -147,7 +147,8 @@ def _donation_order(roots: list, leaves: list, donate: list, predecessor) -> lis
     dtype. Paired by chance (a weight's buffer with its gradient), XLA must copy the weight to
     keep it while the gradient is written over it. So per shape and dtype, the outputs follow the
     donated inputs: each input's successor (``predecessor`` maps a root to id() of the leaf it
-    replaces) in its place, another output where it has none, the rest after."""
+    replaces) in its place, the rest after; a group with an input of unknown successor keeps
+    its order."""
     if not predecessor or not donate:
         return list(roots)
     successor = {leaf: root for root, leaf in predecessor.items()}
@@ -155,23 +156,13 @@ def _donation_order(roots: list, leaves: list, donate: list, predecessor) -> lis
     for v in roots:
         by_aval[v.aval].append(v)
     order: list = []
-    placed = set()
     for aval, group in by_aval.items():
-        mine = [i for i in donate if leaves[i].avals[0] == aval]
-        if not all(id(leaves[i]) in successor for i in mine):
+        first = [successor.get(id(leaves[i])) for i in donate if leaves[i].avals[0] == aval]
+        chosen = set(first)
+        if None in chosen or not chosen <= set(group):
             order.extend(group)    # a buffer whose successor is unknown: keep the order we had
-            placed.update(group)
             continue
-        others = [v for v in group if v not in predecessor]
-        for i in mine:
-            leaf = leaves[i]
-            root = successor.get(id(leaf))
-            if root is None or root.aval != aval or root in placed:
-                root = others.pop(0) if others else None
-            if root is not None and root not in placed:
-                order.append(root)
-                placed.add(root)
-        order.extend(v for v in group if v not in placed and not placed.add(v))
+        order += first + [v for v in group if v not in chosen]
     return order
 
 
