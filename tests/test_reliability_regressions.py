@@ -35,15 +35,19 @@ def test_int_tensor_written_with_a_float_result_raises_like_eager(path, dev, wri
     assert torch.equal(t.cpu(), cpu)
 
 
-@pytest.mark.parametrize("write", [lambda t: t.add_(2), lambda t: t.mul_(-1), lambda t: t.fill_(2),
-                                   lambda t: t.clamp_(0, 1), lambda t: t.copy_(t * 2)],
-                         ids=["add_", "mul_", "fill_", "clamp_", "copy_"])
-def test_int_tensor_written_with_an_int_result_matches_eager(path, dev, write):
-    cpu = torch.arange(4).reshape(2, 2)
+def _write_matches_eager(write, cpu: torch.Tensor, dev) -> None:
+    """``write`` applied to ``cpu`` and to a device copy of it leaves the same values."""
     t = cpu.to(dev)
     write(cpu)
     write(t)
     assert torch.equal(t.cpu(), cpu)
+
+
+@pytest.mark.parametrize("write", [lambda t: t.add_(2), lambda t: t.mul_(-1), lambda t: t.fill_(2),
+                                   lambda t: t.clamp_(0, 1), lambda t: t.copy_(t * 2)],
+                         ids=["add_", "mul_", "fill_", "clamp_", "copy_"])
+def test_int_tensor_written_with_an_int_result_matches_eager(path, dev, write):
+    _write_matches_eager(write, torch.arange(4).reshape(2, 2), dev)
 
 
 def test_an_uncastable_out_write_into_another_tensor_keeps_it_intact(path, dev, request):
@@ -168,11 +172,7 @@ def test_more_partially_overlapping_copies_raise_like_eager(path, dev, write, re
 ], ids=["itself", "strided column into a row", "detached self", "a transposed clone",
         "the same view twice", "add_ of a strided column", "a slice times a number"])
 def test_copies_eager_allows_between_views_of_one_storage_match_eager(path, dev, write):
-    cpu = torch.arange(9.).reshape(3, 3)
-    t = cpu.to(dev)
-    write(cpu)
-    write(t)
-    assert torch.equal(t.cpu(), cpu)
+    _write_matches_eager(write, torch.arange(9.).reshape(3, 3), dev)
 
 
 def test_polygamma_in_place_matches_eager(path, dev):

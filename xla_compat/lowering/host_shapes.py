@@ -67,21 +67,13 @@ def _unique_along(cls, func, x, dim, consecutive, host_op):
     return tuple(_node(func, _unique_slices, (x, dim, n, consecutive), metas, cls))
 
 
-@tracer.special(aten.unique_dim.default)
+@tracer.special(aten.unique_dim.default, aten.unique_dim_consecutive.default)
 def _unique_dim(cls, func, args, kwargs):
+    # unique_dim sorts whatever `sorted` says (eager does too); the consecutive form does not
     b = tracer._bind(func, args, kwargs)
     x, d = b["self"], b["dim"]
-    # eager sorts whatever `sorted` says; so do we
-    return _unique_along(cls, func, x, d, False,
-                         lambda h: torch.ops.aten.unique_dim(h, d)[0])
-
-
-@tracer.special(aten.unique_dim_consecutive.default)
-def _unique_dim_consecutive(cls, func, args, kwargs):
-    b = tracer._bind(func, args, kwargs)
-    x, d = b["self"], b["dim"]
-    return _unique_along(cls, func, x, d, True,
-                         lambda h: torch.ops.aten.unique_dim_consecutive(h, d)[0])
+    return _unique_along(cls, func, x, d, func is aten.unique_dim_consecutive.default,
+                         lambda h: func(h, d)[0])
 
 
 _flat_unique_consecutive = host_values._unique_consecutive_special
