@@ -74,6 +74,18 @@ def test_each_malformed_rollout_setting_gives_config_error_and_the_job_runs_like
     assert torch.equal(out.cpu(), want_out) and torch.equal(x.cpu(), want_x)
 
 
+def test_the_real_functional_probe_gates_a_torch_without_to_functional_tensor(monkeypatch):
+    from xla_compat.settings import Settings
+    dispatch.load_paths()
+    assert dispatch.supported()["functional"] is None
+    monkeypatch.delattr(torch, "_to_functional_tensor")
+    why = dispatch.supported()["functional"]
+    assert why is not None and "_to_functional_tensor" in why
+    d = dispatch.decide(Settings(use_functionalization=True, job_id="j"))
+    assert (d.path, d.reason) == ("legacy", Reason.VERSION_GATE)
+    assert "_to_functional_tensor" in d.message and d.warnings
+
+
 # -- issue 6.1: what a function-level dual run compares -----------------------------------------
 
 def test_an_output_that_aliases_its_input_on_one_path_only_is_a_mismatch(path, dev):
