@@ -238,3 +238,21 @@ def test_a_lockstep_report_is_summarised_by_its_first_op_and_line(dev, tmp_path,
     out = capsys.readouterr().out
     assert f"aten.select_scatter.default ({__file__}:{line})" in out
     assert "slowest path:" in out
+
+
+def test_lockstep_names_the_planted_op_whichever_path_is_authoritative(path, dev):
+    import inspect
+    with planted_select_scatter_bug(), xc.lockstep() as ls:
+        x = torch.arange(6.0).reshape(2, 3).to(dev)
+        line = inspect.currentframe().f_lineno + 1
+        x[1].sub_(2)
+        y = x * 2
+        xc.sync()
+    assert ls.auth == path and ls.shadow != path
+    fd = ls.first_divergence
+    assert (fd["op"], fd["source"]) == ("aten.sub_.Tensor", f"{__file__}:{line}")
+    assert (fd["culprit"]["path"], fd["culprit"]["op"]) == ("functional",
+                                                            "aten.select_scatter.default")
+    expected = torch.arange(6.0).reshape(2, 3)
+    expected[1] -= 2
+    assert torch.equal(y.cpu(), expected * 2) is (path == "legacy")   # the caller sees its path
