@@ -34,6 +34,10 @@ class FunctionalInner(LazyTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if not kwargs and getattr(_state, "pending", None) is None:
+            out = tracer.replay(cls, func, args)     # an op traced before with this geometry
+            if out is not None:
+                return out
         kwargs = kwargs or {}
         if len(types) > 1:
             tracer.check_paths(types, func)
@@ -52,6 +56,28 @@ class FunctionalInner(LazyTensor):
             return _restride(cls, out, geometry) if geometry else out
         finally:
             _state.depth -= 1
+
+
+    @classmethod
+    def plans_ok(cls, func) -> bool:
+        """Plans replay only what the core tracer does: not for the ops this path handles
+        itself, composes into view chains or restrides."""
+        ok = _PLAIN.get(func)
+        if ok is None:
+            handler = _HANDLERS.get(func)
+            ok = _PLAIN[func] = ((handler is None or getattr(handler, "plan_safe", False))
+                                 and func not in viewchain.OPS
+                                 and strides.view_op_of(func) is None)
+        return ok
+
+
+_PLAIN: dict = {}
+
+
+def forget_plans() -> None:
+    """The handlers changed: decide again which ops plans may replay."""
+    _PLAIN.clear()
+    tracer.forget_plans()
 
 
 def _restride(cls, out, geometry):
@@ -150,6 +176,10 @@ def _bool_write_back_delta(cls, func, args, kwargs):
             and kwargs.get("alpha", args[2] if len(args) > 2 else 1) == 1):
         return NotImplemented
     return aten.sub.Tensor(a.to(torch.int8), b.to(torch.int8))
+
+
+# It declines on dtypes and alpha alone, which a plan's key holds: safe to replay around.
+_bool_write_back_delta.plan_safe = True
 
 
 @handles(aten.unfold_backward.default)

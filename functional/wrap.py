@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from xla_compat import sharding
+from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy.tensor import DEVICE, LazyTensor
 
 from .inner import FunctionalInner, tracing
@@ -72,6 +73,8 @@ def wrap(t: LazyTensor) -> torch.Tensor:
     # ``arange(out=wrapper)``) the new tensor is that kernel's inner value: it wraps it itself.
     if tracing() or owns(t) or torch._C._dispatch_tls_is_dispatch_key_excluded(_FUNCTIONALIZE):
         return t
+    if not _core_tensor._paths_may_mix:
+        _core_tensor.paths_may_mix()      # legacy tensors may meet wrappers from now on
     w = torch._to_functional_tensor(t)
     if t.requires_grad:
         w.requires_grad_(True)

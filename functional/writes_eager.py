@@ -27,7 +27,6 @@ wrapper's inner tensor, so the inner tensor never sees the original op. Where it
 from __future__ import annotations
 
 import functools
-import threading
 import warnings
 
 import torch
@@ -38,7 +37,7 @@ from xla_compat.lazy import tracer
 from xla_compat.lazy.ir import Slot
 from xla_compat.lazy.tensor import LazyTensor
 
-from .inner import _HANDLERS, handles
+from .inner import _HANDLERS, _state, forget_plans, handles
 from .strides import view_op_of
 
 aten = torch.ops.aten
@@ -142,7 +141,6 @@ _META_HOOKED = tuple(getattr(getattr(aten, n), o) for n, o in (
     ("scatter_", "value"), ("scatter_add_", "default")))
 _FUNCTIONALIZE = torch._C.DispatchKey.Functionalize
 _PYTHON = torch._C.DispatchKey.Python
-_state = threading.local()
 
 
 def _in_meta_reference() -> bool:
@@ -221,6 +219,9 @@ def _keep_written_layout(next_handler):
                 and (tuple(out.stride()), out.storage_offset()) != (stride, offset)):
             out = cls(out._value, shape, out.dtype, stride, offset)
         return out
+    # Without a pending write it is the next handler (or the tracer): the inner tensor replays
+    # plans only while no write is pending (see FunctionalInner.__torch_dispatch__).
+    handler.plan_safe = next_handler is None or getattr(next_handler, "plan_safe", False)
     return handler
 
 
@@ -262,3 +263,4 @@ def install() -> None:
         functional = tracer.mutation_info(op)[2]
         if functional is not None:
             handles(functional)(_keep_written_layout(_HANDLERS.get(functional)))
+    forget_plans()

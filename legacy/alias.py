@@ -9,18 +9,17 @@ equals it holds a current ``_v``; any other member re-derives from ``base`` thro
 from __future__ import annotations
 
 import itertools
-import weakref
 
 from xla_compat import metrics, sharding
 from xla_compat.lazy.ir import Aval, DeviceData, Node, Poisoned, Slot, Value
+from xla_compat.lazy.weakreg import WeakRegistry
 
 from . import views
 from .views import Layout
 
 _serial = itertools.count()
 # Every live alias in creation order, so a sync lists their bases in the same order every step.
-_aliases: "weakref.WeakValueDictionary[int, Alias]" = weakref.WeakValueDictionary()
-
+_aliases = WeakRegistry()
 
 class Alias:
     """One storage: the base value, writes pending on it, and a generation counter."""
@@ -34,7 +33,7 @@ class Alias:
         self.root = root          # the root tensor's layout over the storage (for as_strided)
         self.sharding = None      # SPMD: the storage's layout over a mesh (xc.mark_sharding)
         self.last = base if type(base.node) is DeviceData else None   # last materialised base
-        _aliases[next(_serial)] = self
+        _aliases.add(next(_serial), self)
 
     def roll_back(self, error: BaseException) -> None:
         """After a failed sync: drop writes since the last materialised base (poisoned if none);
@@ -93,16 +92,13 @@ class Alias:
         for _, v in self.pending:
             yield v
 
-
 def _node(op: str, rule, inputs: tuple, aval: Aval) -> Value:
     metrics.inc("IrNodes")
     args = tuple(Slot(i) for i in range(len(inputs)))
     return Value(Node(op, rule, args, (), tuple(inputs), (aval,)), 0)
 
-
 def live_aliases() -> list:
-    return list(_aliases.values())
-
+    return _aliases.values()
 
 def flush_all() -> None:
     for a in live_aliases():

@@ -10,39 +10,40 @@ not views, and views re-derive lazily from device data afterwards.
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
 from xla_compat.lazy.ir import Node, Value
 from xla_compat.lazy.tensor import LazyTensor, lock
+from xla_compat.lazy.weakreg import WeakRegistry
 
 from .alias import Alias
 from .views import Layout
 
 # Every live LegacyTensor (the executor never sees them; the path's sync hooks walk this).
-_tensors: "weakref.WeakValueDictionary[int, LegacyTensor]" = weakref.WeakValueDictionary()
+_tensors = WeakRegistry()
 # The value a view holds before it is first read (never handed to the core: reads re-derive).
 _UNREAD = Value(Node("legacy.unread", None, (), (), (), ()), 0)
 
-
+@_core_tensor.guard_mixed_mutations
 class LegacyTensor(LazyTensor):
     """A device tensor on the legacy path: views alias, in-place ops write through."""
 
     path_name = "legacy"
     _alias = None
     _core_registry = False    # the path's own registry (_tensors) lists them
-    __torch_function__ = classmethod(_core_tensor.path_checking_torch_function)
 
     @staticmethod
     def __new__(cls, value, shape, dtype, strides=None, storage_offset=None,
                 requires_grad=False, *, alias=None, chain=()):
         t = LazyTensor.__new__(cls, value, shape, dtype, strides, storage_offset, requires_grad)
-        _tensors[id(t)] = t
+        _tensors.add(id(t), t)
         if alias is None:
-            alias = Alias(value, Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset()))
+            layout = (Layout(tuple(shape), tuple(strides), storage_offset)
+                      if strides is not None and storage_offset is not None else
+                      Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset()))
+            alias = Alias(value, layout)
             t._gen = alias.gen
         else:
             t._gen = -1
@@ -53,10 +54,20 @@ class LegacyTensor(LazyTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if not kwargs:
+            out = tracer.replay(cls, func, args)     # an op traced before with this geometry
+            if out is not None:
+                return out
         from . import ops
         if len(types) > 1:
             tracer.check_paths(types, func)
         return ops.dispatch(func, args, kwargs or {})
+
+    @classmethod
+    def plans_ok(cls, func) -> bool:
+        """Views and in-place metadata ops keep the path's own handlers (``ops.py``)."""
+        from . import ops
+        return func not in ops.VIEWS and func not in ops.RESTRIDES
 
     # -- the value, as the core sees it ----------------------------------------------------------
     @property
@@ -118,6 +129,5 @@ class LegacyTensor(LazyTensor):
         torch._C.TensorBase.data.__set__(self, new)
         self._join(new)
 
-
 def legacy_tensors() -> list:
-    return list(_tensors.values())
+    return _tensors.values()

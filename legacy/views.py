@@ -9,6 +9,7 @@ which is also the shape issue 8's "one update of the base buffer" optimisation n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -162,9 +163,9 @@ class Unfold(ViewStep):
         return base.at[index].set(v.astype(base.dtype))
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Sizes, strides and storage offset of a tensor over its storage (in elements)."""
+class Layout(NamedTuple):
+    """Sizes, strides and storage offset of a tensor over its storage (in elements); a named
+    tuple because every traced op's result makes one."""
 
     shape: tuple
     stride: tuple

@@ -58,7 +58,7 @@ class Graph:
     nodes: list           # non-leaf nodes, inputs first
     leaves: list          # leaf nodes (DeviceData / ScalarParam), in parameter order
     roots: list           # root Values, in output order
-    slot: dict            # id(node) -> position (leaves: parameter index; nodes: env index)
+    slot: dict            # id(node) -> position (leaves: ~parameter index; nodes: env index)
     donate: tuple         # parameter indices donated
     key: tuple
     mesh: object = None   # SPMD: the jax Mesh the graph is partitioned over (None: one device)
@@ -66,11 +66,14 @@ class Graph:
 
 def collect(roots: list[Value], donatable=frozenset(), predecessor=None) -> Graph:
     """The graph computing ``roots``; ``predecessor`` maps a root to id() of the leaf it replaces
-    (the value its tensor held before), so outputs can be ordered to meet their donated inputs."""
-    slot: dict[int, int] = {}
+    (the value its tensor held before), so outputs can be ordered to meet their donated inputs.
+
+    ``donatable``: ids of leaves whose buffers may be donated, or a callable taking the graph's
+    leaves and returning them (so one walk finds both). The key is a flat tuple of ints: each
+    node's interned signature (``Node.sig_id``) and where its inputs come from."""
+    slot: dict[int, int] = {}    # id(node) -> ~parameter index (leaves) or env index (nodes)
     nodes: list[Node] = []
     leaves: list[Node] = []
-    entries: list = []
     for root in roots:
         if id(root.node) in slot:
             continue
@@ -79,10 +82,10 @@ def collect(roots: list[Value], donatable=frozenset(), predecessor=None) -> Grap
             node, expanded = stack.pop()
             if id(node) in slot:
                 continue
-            if node.is_leaf:
+            if node.rule is None:
                 if type(node) is Poisoned:
                     raise node.error
-                slot[id(node)] = len(leaves)
+                slot[id(node)] = ~len(leaves)
                 leaves.append(node)
                 continue
             if not expanded:
@@ -93,32 +96,41 @@ def collect(roots: list[Value], donatable=frozenset(), predecessor=None) -> Grap
                 continue
             slot[id(node)] = len(nodes)
             nodes.append(node)
+    if callable(donatable):
+        donatable = donatable(leaves)
     if donatable and sharding.any_marked():
         donatable = _unshared(leaves, donatable)
-    leaf_key = []
     donate = []
+    if donatable:
+        # Donate a buffer only where an output of the same shape and dtype can reuse it.
+        free = collections.Counter(v.aval for v in roots)
+        for i, leaf in enumerate(leaves):
+            if type(leaf) is DeviceData and id(leaf) in donatable and free[leaf.avals[0]] > 0:
+                free[leaf.avals[0]] -= 1
+                donate.append(i)
+    roots = _donation_order(roots, leaves, donate, predecessor)
+    parts = [len(leaves), len(nodes), len(roots)]
+    donated = set(donate)
     spread = []           # SPMD: leaves laid out over several devices, constraint nodes
-    # Donate a buffer only where an output of the same shape and dtype can reuse it.
-    free = collections.Counter(v.aval for v in roots)
     for i, leaf in enumerate(leaves):
-        d = type(leaf) is DeviceData and id(leaf) in donatable and free[leaf.avals[0]] > 0
-        if d:
-            free[leaf.avals[0]] -= 1
-            donate.append(i)
-        leaf_key.append((leaf.signature(), d))
+        parts.append(leaf.sig_id())
+        parts.append(i in donated)
         if type(leaf) is DeviceData and leaf.placement is not None:
             spread.append(leaf.array.sharding)
+    constraint = sharding.CONSTRAINT_OP
     for node in nodes:
-        if node.op == sharding.CONSTRAINT_OP:
+        if node.op == constraint:
             spread.append(node.rule.spec.named())
-        ins = tuple(
-            ("p" if v.node.is_leaf else "n", slot[id(v.node)], v.index) for v in node.inputs)
-        entries.append((node.op, node.rule, node.args, node.kwargs, node.avals, ins))
-    roots = _donation_order(roots, leaves, donate, predecessor)
-    root_key = tuple(("p" if v.node.is_leaf else "n", slot[id(v.node)], v.index) for v in roots)
-    key = (tuple(leaf_key), tuple(entries), root_key)
+        s = node.sig
+        parts.append(s if s is not None else node.sig_id())
+        for v in node.inputs:
+            parts.append(slot[id(v.node)])
+            parts.append(v.index)
+    for v in roots:
+        parts.append(slot[id(v.node)])
+        parts.append(v.index)
     mesh = _mesh_of(spread) if spread else None
-    return Graph(nodes, leaves, list(roots), slot, tuple(donate), key, mesh)
+    return Graph(nodes, leaves, list(roots), slot, tuple(donate), tuple(parts), mesh)
 
 
 def _unshared(leaves: list, donatable) -> set:
@@ -242,9 +254,8 @@ def build_function(graph: Graph):
         env: list = [None] * len(nodes)
 
         def get(v: Value):
-            if v.node.is_leaf:
-                return params[slot[id(v.node)]]
-            return env[slot[id(v.node)]][v.index]
+            s = slot[id(v.node)]
+            return params[~s] if s < 0 else env[s][v.index]
 
         for i, node in enumerate(nodes):
             ins = [get(v) for v in node.inputs]
@@ -367,7 +378,7 @@ def ir_text(graph: Graph) -> str:
         lines.append(f"  %p{i} = {kind} {a.dtype}{list(a.shape)}")
     for i, node in enumerate(graph.nodes):
         ins = ", ".join(
-            (f"%p{graph.slot[id(v.node)]}" if v.node.is_leaf else f"%{graph.slot[id(v.node)]}")
+            (f"%p{~graph.slot[id(v.node)]}" if v.node.is_leaf else f"%{graph.slot[id(v.node)]}")
             + (f".{v.index}" if len(v.node.avals) > 1 else "") for v in node.inputs)
         outs = ", ".join(f"{a.dtype}{list(a.shape)}" for a in node.avals)
         where = f"  # {node.source[0]}:{node.source[1]}" if node.source else ""
@@ -415,11 +426,14 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
             metrics.inc("MarkStep")
         if not roots:
             return
-        donatable = set()
+        donatable = frozenset()
+        predecessor = None
         if full and settings.get().donate:
             held = _held_leaf_ids(exclude={id(t) for t in pending})
-            donatable = {id(n) for n in _leaf_candidates(roots)} - held
-        predecessor = _predecessors(pending) if donatable else None
+
+            def donatable(leaves):
+                return {id(n) for n in leaves if type(n) is DeviceData and id(n) not in held}
+            predecessor = _predecessors(pending)
         try:
             graph, compiled, outputs = _execute(roots, donatable, predecessor)
         except BaseException as e:
@@ -487,19 +501,6 @@ def _extra_roots() -> list:
     out = []
     for fn in _extra_root_fns:
         out.extend(v for v in fn() if not v.node.is_leaf)
-    return out
-
-
-def _leaf_candidates(roots):
-    seen, stack, out = set(), [v.node for v in roots], []
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if type(n) is DeviceData:
-            out.append(n)
-        stack.extend(v.node for v in n.inputs)
     return out
 
 

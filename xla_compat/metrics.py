@@ -39,6 +39,12 @@ def inc(name: str, by: int = 1) -> None:
         _counters[name] += by
 
 
+def bump(name: str) -> None:
+    """``inc(name)`` without taking the metrics lock: for the tracer's per-op counters, whose
+    callers hold the tracer lock (every increment of such a counter does)."""
+    _counters[name] += 1
+
+
 def sample(name: str, value: float, unit: str = "ns") -> None:
     with _lock:
         m = _metrics.get(name)

@@ -12,6 +12,10 @@ import sys
 from typing import Any, NamedTuple
 
 _ids = itertools.count()
+try:
+    from jax.sharding import SingleDeviceSharding as _SINGLE
+except ImportError:  # pragma: no cover - older jax
+    _SINGLE = None
 
 
 class Aval(NamedTuple):
@@ -42,10 +46,11 @@ class Slot:
 class Node:
     """One op application: ``rule(*template filled with inputs)`` producing ``avals``."""
 
-    __slots__ = ("id", "op", "rule", "args", "kwargs", "inputs", "avals", "source", "__weakref__")
+    __slots__ = ("id", "op", "rule", "args", "kwargs", "inputs", "avals", "source", "sig",
+                 "__weakref__")
 
     def __init__(self, op: str, rule, args: tuple, kwargs: tuple, inputs: tuple, avals: tuple,
-                 source=None):
+                 source=None, sig=None):
         self.id = next(_ids)
         self.op = op              # "aten.add.Tensor", "device_data", "scalar", ...
         self.rule = rule          # callable on jax values, or None for leaves
@@ -54,6 +59,7 @@ class Node:
         self.inputs = inputs      # tuple[Value]
         self.avals = avals        # tuple[Aval]
         self.source = source      # (filename, lineno, function) that created it, if recorded
+        self.sig = sig            # sig_id(self.signature()), filled in on first use
 
     @property
     def is_leaf(self) -> bool:
@@ -61,7 +67,14 @@ class Node:
 
     def signature(self) -> tuple:
         """What identifies this node's computation, apart from its inputs."""
-        return (self.op, self.args, self.kwargs, self.avals)
+        return (self.op, self.rule, self.args, self.kwargs, self.avals)
+
+    def sig_id(self) -> int:
+        """``sig_id(self.signature())``, computed once per node (graph keys are made of these)."""
+        s = self.sig
+        if s is None:
+            s = self.sig = sig_id(self.signature())
+        return s
 
     def where(self) -> str:
         if not self.source:
@@ -86,6 +99,7 @@ class DeviceData(Node):
         """Hold ``array`` (the same values, perhaps laid out on other devices)."""
         self.array = array
         self.placement = placement(array)
+        self.sig = None           # the placement is part of the signature
 
     def signature(self) -> tuple:
         # A buffer spread over a device mesh compiles differently: its sharding is in the key.
@@ -96,7 +110,7 @@ def placement(array):
     """None for an array on one device; a hashable description of its layout when spread over
     several (equal for equivalent layouts: P() and P(None,) lay a vector out alike)."""
     s = getattr(array, "sharding", None)
-    if s is None or s.num_devices <= 1:
+    if s is None or type(s) is _SINGLE or s.num_devices <= 1:
         return None
     spec = getattr(s, "spec", None)
     if spec is None:
@@ -112,11 +126,25 @@ class ScalarParam(Node):
 
     def __init__(self, value):
         kind = type(value)
-        super().__init__("scalar", None, (), (), (), (Aval((), kind),))
+        avals = _SCALAR_AVALS.get(kind)
+        if avals is None:
+            avals = _SCALAR_AVALS[kind] = (Aval((), kind),)
+        Node.__init__(self, "scalar", None, (), (), (), avals, None, _scalar_sig(kind))
         self.value = value
 
     def signature(self) -> tuple:
         return ("scalar", self.avals[0].dtype)
+
+
+_SCALAR_AVALS: dict = {}
+_SCALAR_SIGS: dict = {}
+
+
+def _scalar_sig(kind) -> int:
+    s = _SCALAR_SIGS.get(kind)
+    if s is None:
+        s = _SCALAR_SIGS[kind] = sig_id(("scalar", kind))
+    return s
 
 
 class Poisoned(Node):
@@ -127,6 +155,24 @@ class Poisoned(Node):
     def __init__(self, avals, error: BaseException):
         super().__init__("poisoned", None, (), (), (), avals)
         self.error = error
+
+
+# Graph keys are tuples of small ints: each node's signature is interned here once. An id is
+# never given to another signature, so clearing the table (at its size limit) costs later
+# lookups a recompile at worst, never a wrong cache hit.
+_sig_ids: dict = {}
+_next_sig = itertools.count()
+_SIG_LIMIT = 1 << 20
+
+
+def sig_id(signature: tuple) -> int:
+    """A small int standing for one hashable node signature for the life of the process."""
+    s = _sig_ids.get(signature)
+    if s is None:
+        if len(_sig_ids) >= _SIG_LIMIT:
+            _sig_ids.clear()
+        s = _sig_ids[signature] = next(_next_sig)
+    return s
 
 
 class Value(NamedTuple):

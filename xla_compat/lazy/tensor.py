@@ -8,22 +8,21 @@ aliasing on top: ``functional`` by wrapping, ``legacy`` by subclassing.
 from __future__ import annotations
 
 import threading
-import weakref
 
 import torch
 
 from .. import _backend  # noqa: F401  (registers the hlo device)
 from .ir import Value
+from .weakreg import WeakRegistry
 
 DEVICE = torch.device("hlo", 0)
 
 # Every live LazyTensor by id; a sync looks here for tensors with pending IR.
-_live: "weakref.WeakValueDictionary[int, LazyTensor]" = weakref.WeakValueDictionary()
+_live = WeakRegistry()
 # torch function -> does it write into an argument (checked for path mixing)?
 _mutating: dict = {}
 # One lock serialises tracing bookkeeping and syncs across threads.
 lock = threading.RLock()
-
 
 class LazyTensor(torch.Tensor):
     """A device tensor whose value is an IR ``Value``; nothing runs until a sync."""
@@ -43,7 +42,7 @@ class LazyTensor(torch.Tensor):
         t._value = value
         t._last_data = value if value.node.is_leaf else None
         if cls._core_registry:
-            _live[id(t)] = t
+            _live.add(id(t), t)
         return t
 
     def __init__(self, *args, **kwargs):
@@ -55,10 +54,19 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from . import tracer
+        if not kwargs:
+            out = _tracer.replay(cls, func, args)
+            if out is not None:
+                return out
         if len(types) > 1:
-            tracer.check_paths(types, func)
-        return tracer.trace(cls, func, args, kwargs or {})
+            _tracer.check_paths(types, func)
+        return _tracer.trace(cls, func, args, kwargs or {})
+
+    @classmethod
+    def plans_ok(cls, func) -> bool:
+        """May the tracer replay ``func`` from a plan for this class (``tracer.replay``)? A
+        path whose dispatch adds work after the tracer for some ops says no for those."""
+        return True
 
     # -- leaving the device ------------------------------------------------------------------
     def __repr__(self, *, tensor_contents=None):
@@ -102,7 +110,6 @@ class LazyTensor(torch.Tensor):
     def __deepcopy__(self, memo):
         return device_deepcopy(self, memo)
 
-
 def device_deepcopy(t: torch.Tensor, memo: dict) -> torch.Tensor:
     """``copy.deepcopy`` of a device tensor: a detached clone keeping ``requires_grad``."""
     if id(t) in memo:
@@ -113,14 +120,13 @@ def device_deepcopy(t: torch.Tensor, memo: dict) -> torch.Tensor:
     memo[id(t)] = out
     return out
 
-
 def path_checking_torch_function(cls, func, types, args=(), kwargs=None):
     """A ``__torch_function__`` that rejects a mutation whose arguments mix paths, and otherwise
     behaves like torch's default for dispatch subclasses (no result conversion).
 
-    The legacy path installs it: a functional wrapper among a mutation's arguments would
-    otherwise reach an internal assert in PyTorch's Functionalize kernel before any dispatch
-    hook of ours runs."""
+    The legacy path has it (``guard_mixed_mutations``): a functional wrapper among a mutation's
+    arguments would otherwise reach an internal assert in PyTorch's Functionalize kernel before
+    any dispatch hook of ours runs."""
     mutating = _mutating.get(func)
     if mutating is None:
         from . import tracer
@@ -131,6 +137,34 @@ def path_checking_torch_function(cls, func, types, args=(), kwargs=None):
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **(kwargs or {}))
 
+_tracer = None     # xla_compat.lazy.tracer, set when it is imported (it imports this module)
+
+def bind_tracer(module) -> None:
+    global _tracer
+    _tracer = module
+
+# Classes whose mutations must reject another path's tensors (``path_checking_torch_function``).
+# The check costs a Python call on every torch function (shape and stride reads included), so
+# it is installed only once tensors of two paths may meet: when a path that can mix says so.
+_mix_guarded: list = []
+_paths_may_mix = False
+
+def guard_mixed_mutations(cls):
+    """Class decorator: ``cls`` checks mutations for path mixing once ``paths_may_mix()``."""
+    _mix_guarded.append(cls)
+    if _paths_may_mix:
+        cls.__torch_function__ = classmethod(path_checking_torch_function)
+    return cls
+
+def paths_may_mix() -> None:
+    """Tensors of two paths may now meet in one op (called when the functional path wraps its
+    first tensor): guarded classes start checking their mutations."""
+    global _paths_may_mix
+    if _paths_may_mix:
+        return
+    _paths_may_mix = True
+    for cls in _mix_guarded:
+        cls.__torch_function__ = classmethod(path_checking_torch_function)
 
 def live_tensors() -> list[LazyTensor]:
-    return list(_live.values())
+    return _live.values()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import warnings
 from typing import NamedTuple
 
@@ -19,6 +20,7 @@ from .. import _jax, metrics, settings
 from ..lowering import registry
 from . import ir
 from .ir import Aval, DeviceData, Node, ScalarParam, Slot, Value
+from . import tensor as _tensor
 from .tensor import DEVICE, LazyTensor, lock
 
 aten = torch.ops.aten
@@ -495,8 +497,106 @@ def trace(cls, func, args, kwargs):
         if rule is not None:
             meta_out, _ = meta(func, args, kwargs)
             node = make_node(func, rule, args, kwargs, _flat_tensors(meta_out))
+            if not kwargs and not rule.random and cls.plans_ok(func):
+                _remember_plan(cls, func, args, node, meta_out)
             return wrap_outputs(cls, meta_out, node)
         return decompose_or_fallback(cls, func, args, kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Trace plans: the fast path. Once an op has been traced with some argument geometry, the next
+# call with the same op, tensor geometries and static values repeats what ``trace`` did (the
+# same rule, template, output shapes and strides) without the schema, meta-cache and template
+# work: one key, one dictionary lookup, the node and the output tensors.
+
+class Plan:
+    """What ``trace`` did for one op and argument geometry, to be done again."""
+
+    __slots__ = ("op", "rule", "args", "kinds", "avals", "outs", "single", "sig")
+
+    def __init__(self, op, rule, args, kinds, avals, outs, single, sig):
+        self.op, self.rule, self.args, self.kinds = op, rule, args, kinds
+        self.avals, self.outs, self.single, self.sig = avals, outs, single, sig
+
+
+_TENSOR, _SCALAR = 1, 2         # plan argument kinds (0: static, already in the template)
+_PLANS: dict = {}
+_PLAN_LIMIT = 65536
+
+
+def _plan_key(cls, func, args):
+    """The plan key of a keyword-free call whose arguments are ``cls`` tensors, numbers, None,
+    dtypes or tuples of ints; None for anything else (the call takes the full tracer)."""
+    parts = [id(func), cls]
+    for x in args:
+        tx = type(x)
+        if tx is cls:
+            parts.append((x.shape, x.stride(), x.dtype, x.storage_offset()))
+        elif tx in _NUMBER:
+            parts.append((tx, x))
+        elif x is None or tx is torch.dtype:
+            parts.append(x)
+        elif (tx is list or tx is tuple) and all(type(e) is int for e in x):
+            parts.append((tx, tuple(x)))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _remember_plan(cls, func, args, node: Node, meta_out) -> None:
+    key = _plan_key(cls, func, args)
+    if key is None:
+        return
+    kinds = []
+    for x, t in zip(args, node.args):
+        if type(t) is Slot:
+            kinds.append(_TENSOR if isinstance(x, torch.Tensor) else _SCALAR)
+        elif type(t) is tuple and any(type(e) is Slot for e in t):
+            return                    # a list holding tensors or lifted numbers
+        else:
+            kinds.append(0)
+    if isinstance(meta_out, TMeta):
+        outs, single = (meta_out,), True
+    elif isinstance(meta_out, tuple) and meta_out and all(type(m) is TMeta for m in meta_out):
+        outs, single = tuple(meta_out), False
+    else:
+        return
+    if len(_PLANS) >= _PLAN_LIMIT:
+        _PLANS.clear()
+    _PLANS[key] = Plan(node.op, node.rule, node.args, tuple(kinds), node.avals, outs, single,
+                       node.sig_id())
+
+
+def forget_plans() -> None:
+    """Drop every plan (a rule was replaced: ``registry.override``)."""
+    _PLANS.clear()
+
+
+def replay(cls, func, args):
+    """The result of ``trace(cls, func, args, {})`` from its plan, or None without one."""
+    key = _plan_key(cls, func, args)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        return None
+    with lock:
+        inputs = []
+        for kind, x in zip(plan.kinds, args):
+            if kind == _TENSOR:
+                v = x._value
+                if type(v.node) is ir.Poisoned:
+                    raise v.node.error
+                inputs.append(v)
+            elif kind == _SCALAR:
+                inputs.append(Value(ScalarParam(x), 0))
+        source = ir.user_frame() if settings.get().ir_debug else None
+        node = Node(plan.op, plan.rule, plan.args, (), tuple(inputs), plan.avals, source,
+                    plan.sig)
+        metrics.bump("IrNodes")
+        if plan.single:
+            m = plan.outs[0]
+            return cls(Value(node, 0), m.shape, m.dtype, m.stride, m.offset)
+        return tuple(cls(Value(node, i), m.shape, m.dtype, m.stride, m.offset)
+                     for i, m in enumerate(plan.outs))
 
 
 @functools.lru_cache(maxsize=None)
@@ -897,3 +997,6 @@ def _same_size(cls, func, args, kwargs):
 @special(aten._has_compatible_shallow_copy_type.default)
 def _compatible(cls, func, args, kwargs):
     return type(args[0]) is type(args[1])
+
+
+_tensor.bind_tracer(sys.modules[__name__])

@@ -7,6 +7,7 @@ mutating overload returns the new value of each mutated argument (after any fres
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -15,9 +16,10 @@ import torch
 aten = torch.ops.aten
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rule:
-    """A lowering rule and how the tracer must call it."""
+    """A lowering rule and how the tracer must call it (compared and hashed by identity:
+    graph keys hash it for every node)."""
 
     fn: Callable
     name: str
@@ -37,11 +39,20 @@ def lowering(*ops, meta: bool = False, static: bool = False, random: bool = Fals
             overloads = [getattr(op, n) for n in op.overloads()] if isinstance(
                 op, torch._ops.OpOverloadPacket) else [op]
             for ov in overloads:
+                if ov in _RULES:
+                    _forget_plans()
                 _RULES[ov] = Rule(fn, f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}",
                                   meta, static, random)
         return fn
 
     return register
+
+
+def _forget_plans() -> None:
+    """A rule changed: the tracer's plans hold the rules they were made with."""
+    tracer = sys.modules.get("xla_compat.lazy.tracer")
+    if tracer is not None:
+        tracer.forget_plans()
 
 
 def lookup(op) -> Rule | None:
@@ -55,11 +66,13 @@ def registered() -> dict:
 def override(op, fn) -> Callable[[], None]:
     """Replace one op's rule (test hooks plant bugs this way); returns the undo function."""
     before = _RULES.get(op)
+    _forget_plans()
     _RULES[op] = Rule(fn, f"override.{getattr(fn, '__name__', 'fn')}",
                       before.meta if before else False, before.static if before else False,
                       before.random if before else False)
 
     def undo():
+        _forget_plans()
         if before is None:
             _RULES.pop(op, None)
         else:
