@@ -62,3 +62,24 @@ def test_readme_python_sample_runs_and_its_view_writes_through(path):
     x, y = scope["x"], scope["y"]
     assert_same(y, x.cpu().t())                # y is a view of x, the write reached x
     assert y.stride() == x.cpu().t().stride()
+
+
+# -- issue 9.3: the playbook's settings table names every variable and rollout field ------------
+
+def test_playbook_table_lists_every_environment_variable_and_rollout_field():
+    import inspect
+
+    from xla_compat import rollout, settings
+    text = (ROOT / "migration_guide" / "rollout_playbook.md").read_text()
+    table = text.split("## Every setting", 1)[1]
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in table.splitlines() if line.startswith("| `")]
+    variables = {r[0].strip("`") for r in rows}
+    fields = {r[1].strip("`") for r in rows} - {"–"}
+    read = set(re.findall(r'"(XLA_[A-Z_]+)"', inspect.getsource(settings.Settings.from_env)))
+    read |= {settings.JOB_ID_SOURCES[0]}
+    assert read - variables == set(), f"variables read but not in the table: {read - variables}"
+    assert variables - read == set(), f"variables in the table that nothing reads: {variables - read}"
+    assert fields == set(rollout.FIELDS), (fields, set(rollout.FIELDS))
+    defaults = {r[0].strip("`"): r[2] for r in rows}
+    assert all(defaults.values()), "every row gives a default"
