@@ -131,6 +131,21 @@ def test_jax_runs_with_x64_so_float64_and_int64_keep_their_precision(path, dev):
     assert_same(big.to(dev) + 2, big + 2, rtol=0, atol=0)          # beyond float64's mantissa too
 
 
+# -- 7. random numbers: the RNG state flows through the cached graph --------------------------------
+
+def test_a_cached_random_graph_draws_new_numbers_every_run(path, dev):
+    xc.manual_seed(11)
+    x = torch.ones(256, device=dev)
+    xc.sync()
+    masks, compiles = [], []
+    for _ in range(4):
+        masks.append(F.dropout(x, 0.5, training=True).cpu())
+        xc.sync()
+        compiles.append(metrics.counter("CompileTime"))
+    assert compiles[1:] == [compiles[0]] * 3, compiles     # the same executable every step ...
+    assert len({tuple(m.tolist()) for m in masks}) == 4     # ... and a new mask each time
+
+
 # -- 8. metrics: count and total time ----------------------------------------------------------------
 
 def test_metrics_report_gives_count_and_total_time_of_compile_and_execute(path, dev):
