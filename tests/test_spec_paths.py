@@ -351,9 +351,10 @@ def test_in_place_variant_through_a_strided_view_matches_eager(path, dev, name, 
     op = _inplace_ops()[name]
     if path == "functional" and name in FUNCTIONAL_LIMITS:
         from xla_compat.functional import FunctionalizationLimit
-        request.applymarker(pytest.mark.xfail(strict=True, raises=FunctionalizationLimit,
-                                              reason=("documented functional-path limit: as_strided (resize_ too) of a "
-                                                      "view reaches past the view's own elements")))
+        request.applymarker(pytest.mark.xfail(
+            strict=True, raises=FunctionalizationLimit,
+            reason="documented functional-path limit: as_strided (resize_ too) of a view reaches "
+                   "past the view's own elements"))
     sample, expected = _view_sample(op)
     if sample is None:
         pytest.skip(f"{name}: eager accepts no float32 sample of rank >= 1 written through a view")
