@@ -257,7 +257,7 @@ OUT_OPS = {
 OUT_GAPS = {
     "kron": "open (legacy): kron(out=) leaves out unchanged (zeros)",
     "digamma": "open (legacy): the .out overload's lowering is called with out= (LoweringError)",
-    "special_i0e": "open (legacy): the .out overload's lowering is called with out= (LoweringError)",
+    "special_i0e": "open (legacy): the .out lowering gets an out= kwarg (LoweringError)",
     "masked_select": "open (legacy): masked_select.out has no meta kernel (NotImplementedError)",
 }
 
