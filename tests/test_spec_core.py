@@ -77,6 +77,24 @@ def test_on_the_bare_core_views_are_copies_and_in_place_ops_rebind_only_their_te
         assert_same([x, v], [cpu + 1, cpu.t() * 10])
 
 
+# -- 4. lowering: the transformer trains without any CPU fallback ---------------------------------
+# (the CNN's is tests/lowering/test_nn_training.py; test_training.py compares all three with eager)
+
+def test_a_transformer_step_with_dropout_needs_no_cpu_fallback(path, dev):
+    from tests.models import GPT
+    torch.manual_seed(0)
+    model = GPT(d=16, heads=2, layers=1, seq=8, dropout=0.1).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx = torch.randint(0, 64, (2, 8)).to(dev)
+    with settings.override(cpu_fallback="error"):
+        loss = model(idx, torch.roll(idx, -1, dims=1))[1]
+        loss.backward()
+        opt.step()
+        xc.sync()
+    assert torch.isfinite(loss.detach().cpu())
+    assert metrics.fallback_ops() == []
+
+
 # -- 5. CPU fallback: one warning per op, every call counted ---------------------------------------
 
 def test_cpu_fallback_warns_once_per_op_and_counts_every_call(path, dev):
