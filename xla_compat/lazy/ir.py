@@ -26,18 +26,24 @@ class Aval(NamedTuple):
 
 
 class Slot:
-    """Marks where the k-th input array goes in a node's argument template."""
+    """Marks where the k-th input array goes in a node's argument template.
+
+    Interned (one object per ``k``), so equality and hashing are identity, in C: graph keys
+    hash templates full of them."""
 
     __slots__ = ("k",)
+    _interned: dict = {}
 
-    def __init__(self, k: int):
-        self.k = k
+    def __new__(cls, k: int):
+        s = cls._interned.get(k)
+        if s is None:
+            s = object.__new__(cls)
+            s.k = k
+            s = cls._interned.setdefault(k, s)
+        return s
 
-    def __eq__(self, other):
-        return type(other) is Slot and other.k == self.k
-
-    def __hash__(self):
-        return hash(("slot", self.k))
+    def __reduce__(self):
+        return (Slot, (self.k,))
 
     def __repr__(self):
         return f"${self.k}"
