@@ -21,6 +21,7 @@ from .lazy import ir, rng
 from .lazy.ir import DeviceData, Node, Poisoned, ScalarParam, Value
 from .lazy.tensor import LazyTensor, live_tensors, lock
 from .lazy.tracer import LoweringError, fill
+from .lowering import opmath
 from .lowering.registry import Rule
 
 # Extra holders of Values outside LazyTensor._value (the legacy alias bases register here);
@@ -216,7 +217,7 @@ def _call_rule(node: Node, ins: list):
         if rule.meta:
             structs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in node.avals[:n_out])
             kwargs["aval"] = structs[0] if n_out == 1 else structs
-        out = rule.fn(*args, **kwargs)
+        out = opmath.call(rule, node, args, kwargs)
         # None stands for an undefined tensor output (e.g. a gradient not asked for).
         out = [o for o in out if o is not None] if isinstance(out, (list, tuple)) else [out]
         if rule.random:
