@@ -147,3 +147,64 @@ def test_a_training_step_after_a_failed_one_matches_eager(path, dev):
     step(ref, data, target)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+class _ConsumesThenFails:
+    """Stands for an XLA executable whose run fails after taking its donated buffers (an
+    out-of-memory error at launch does this): the donated input arrays are deleted, then it
+    raises."""
+
+    def __init__(self, donate):
+        self.donate = donate
+
+    def __call__(self, *params):
+        for i in self.donate:
+            params[i].delete()
+        raise RuntimeError("RESOURCE_EXHAUSTED: planted out of memory")
+
+
+def test_a_first_run_that_fails_after_taking_donated_buffers_loses_nothing(path, dev, monkeypatch):
+    w = torch.arange(4.0).to(dev)
+    m = torch.ones(4).to(dev)
+    w.add_(1)
+    m.mul_(3)
+    xc.sync()                                   # w and m hold computed device buffers
+    real = executor.compile_graph
+
+    def planted(graph, params):
+        real(graph, params)                     # compiles fine
+        assert graph.donate, "the step below must donate w's and m's buffers"
+        return _ConsumesThenFails(graph.donate)
+    monkeypatch.setattr(executor, "compile_graph", planted)
+    executor.clear_cache()
+    w.add_(m)
+    m.mul_(2)
+    with pytest.raises(executor.GraphError, match=r"executing a graph of \d+ ops failed.*"
+                                                  r"RESOURCE_EXHAUSTED(.|\n)*aten.add"):
+        xc.sync()
+    monkeypatch.setattr(executor, "compile_graph", real)
+    executor.clear_cache()
+    torch.testing.assert_close(w.cpu(), torch.arange(4.0) + 1)
+    torch.testing.assert_close(m.cpu(), torch.full((4,), 3.0))
+    w.add_(m)                                   # the next step works
+    xc.sync()
+    torch.testing.assert_close(w.cpu(), torch.arange(4.0) + 4)
+
+
+def test_a_compile_error_names_the_ops_and_where_they_were_created(path, dev, monkeypatch):
+    x = torch.arange(3.0).to(dev)
+    xc.sync()
+
+    def planted(graph, params):
+        raise RuntimeError("INTERNAL: planted XLA compile failure")
+    monkeypatch.setattr(executor, "compile_graph", planted)
+    executor.clear_cache()
+    y = x * 2
+    with pytest.raises(executor.GraphError) as info:
+        y.cpu()
+    text = str(info.value)
+    assert "compiling a graph" in text and "planted XLA compile failure" in text
+    assert "aten.mul" in text and "test_reliability_failures.py" in text
+    monkeypatch.undo()
+    torch.testing.assert_close(x.cpu(), torch.arange(3.0))
+    torch.testing.assert_close((x * 2).cpu(), torch.arange(3.0) * 2)

@@ -59,7 +59,7 @@ class Graph:
     nodes: list           # non-leaf nodes, inputs first
     leaves: list          # leaf nodes (DeviceData / ScalarParam), in parameter order
     roots: list           # root Values, in output order
-    slot: dict            # id(node) -> position (leaves: ~parameter index; nodes: env index)
+    slot: dict            # node -> position (leaves: ~parameter index; nodes: env index)
     donate: tuple         # parameter indices donated
     key: tuple
     mesh: object = None   # SPMD: the jax Mesh the graph is partitioned over (None: one device)
@@ -71,32 +71,43 @@ def collect(roots: list[Value], donatable=frozenset(), predecessor=None) -> Grap
 
     ``donatable``: ids of leaves whose buffers may be donated, or a callable taking the graph's
     leaves and returning them (so one walk finds both). The key is a flat tuple of ints: each
-    node's interned signature (``Node.sig_id``) and where its inputs come from."""
-    slot: dict[int, int] = {}    # id(node) -> ~parameter index (leaves) or env index (nodes)
+    node's interned signature (``Node.sig_id``) and where its inputs come from.
+
+    Nodes are ordered by creation (``Node.id``): a node's inputs always exist before it, so this
+    is a topological order, and a repeated step creates its nodes in the same order. Leaves are
+    numbered in order of first use."""
     nodes: list[Node] = []
-    leaves: list[Node] = []
-    for root in roots:
-        if id(root.node) in slot:
+    seen: set = set()
+    stack = [v.node for v in roots]
+    while stack:
+        node = stack.pop()
+        if node in seen:
             continue
-        stack = [(root.node, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if id(node) in slot:
-                continue
-            if node.rule is None:
-                if type(node) is Poisoned:
-                    raise node.error
-                slot[id(node)] = ~len(leaves)
-                leaves.append(node)
-                continue
-            if not expanded:
-                stack.append((node, True))
-                for v in reversed(node.inputs):
-                    if id(v.node) not in slot:
-                        stack.append((v.node, False))
-                continue
-            slot[id(node)] = len(nodes)
-            nodes.append(node)
+        seen.add(node)
+        if node.rule is None:
+            continue
+        nodes.append(node)
+        for v in node.inputs:
+            if v.node not in seen:
+                stack.append(v.node)
+    nodes.sort(key=_creation)
+    slot: dict = {}               # node -> ~parameter index (leaves) or env index (nodes)
+    for i, node in enumerate(nodes):
+        slot[node] = i
+    leaves: list[Node] = []
+    body: list = []
+    for node in nodes:
+        s = node.sig
+        body.append(s if s is not None else node.sig_id())
+        for v in node.inputs:
+            where = slot.get(v.node)
+            if where is None:
+                where = _add_leaf(v.node, slot, leaves)
+            body.append(where)
+            body.append(v.index)
+    for v in roots:
+        if v.node not in slot:
+            _add_leaf(v.node, slot, leaves)
     if callable(donatable):
         donatable = donatable(leaves)
     if donatable and sharding.any_marked():
@@ -122,16 +133,24 @@ def collect(roots: list[Value], donatable=frozenset(), predecessor=None) -> Grap
     for node in nodes:
         if node.op == constraint:
             spread.append(node.rule.spec.named())
-        s = node.sig
-        parts.append(s if s is not None else node.sig_id())
-        for v in node.inputs:
-            parts.append(slot[id(v.node)])
-            parts.append(v.index)
+    parts += body
     for v in roots:
-        parts.append(slot[id(v.node)])
+        parts.append(slot[v.node])
         parts.append(v.index)
     mesh = _mesh_of(spread) if spread else None
     return Graph(nodes, leaves, list(roots), slot, tuple(donate), tuple(parts), mesh)
+
+
+def _creation(node: Node) -> int:
+    return node.id
+
+
+def _add_leaf(node: Node, slot: dict, leaves: list) -> int:
+    if type(node) is Poisoned:
+        raise node.error
+    where = slot[node] = ~len(leaves)
+    leaves.append(node)
+    return where
 
 
 def _unshared(leaves: list, donatable) -> set:
@@ -255,7 +274,7 @@ def build_function(graph: Graph):
         env: list = [None] * len(nodes)
 
         def get(v: Value):
-            s = slot[id(v.node)]
+            s = slot[v.node]
             return params[~s] if s < 0 else env[s][v.index]
 
         for i, node in enumerate(nodes):
@@ -379,7 +398,7 @@ def ir_text(graph: Graph) -> str:
         lines.append(f"  %p{i} = {kind} {a.dtype}{list(a.shape)}")
     for i, node in enumerate(graph.nodes):
         ins = ", ".join(
-            (f"%p{~graph.slot[id(v.node)]}" if v.node.is_leaf else f"%{graph.slot[id(v.node)]}")
+            (f"%p{~graph.slot[v.node]}" if v.node.is_leaf else f"%{graph.slot[v.node]}")
             + (f".{v.index}" if len(v.node.avals) > 1 else "") for v in node.inputs)
         outs = ", ".join(f"{a.dtype}{list(a.shape)}" for a in node.avals)
         where = f"  # {node.source[0]}:{node.source[1]}" if node.source else ""
@@ -513,16 +532,29 @@ def _execute(roots: list[Value], donatable: set, predecessor=None):
     metrics.sample("IrGraphSize", len(graph.nodes), unit=" nodes")
     direct = _direct(graph)       # a replayed step (capture.py) brings its recorded executable
     compiled = direct if direct is not None else cache.get(graph.key)
+    backups = None
     if compiled is None:
         metrics.inc("UncachedCompile")
-        compiled = compile_graph(graph, params)
+        try:
+            compiled = compile_graph(graph, params)
+        except LoweringError:
+            raise
+        except Exception as e:
+            raise _graph_error("compiling", graph, e) from e
         cache.put(graph.key, compiled)
+        backups = _backups(graph)     # a new executable's first run may fail after donation
     else:
         metrics.inc("CachedCompile")
     _last_compiled = compiled
     _before_execute(graph)
     start = time.perf_counter_ns()
-    outputs = compiled(*params)
+    try:
+        outputs = compiled(*params)
+    except BaseException as e:
+        _restore(backups)
+        if isinstance(e, Exception):
+            raise _graph_error("executing", graph, e) from e
+        raise
     metrics.sample("ExecuteTime", time.perf_counter_ns() - start)
     _note_dispatched(outputs)
     if graph.donate:
@@ -530,6 +562,53 @@ def _execute(roots: list[Value], donatable: set, predecessor=None):
     if direct is not None:        # the node's outputs, in root order
         outputs = [outputs[v.index] for v in graph.roots]
     return graph, compiled, outputs
+
+
+class GraphError(RuntimeError):
+    """XLA failed to compile or execute a graph; names the graph's ops and where they came from."""
+
+
+def _graph_error(doing: str, graph: Graph, e: BaseException) -> GraphError:
+    counts = collections.Counter(node.op for node in graph.nodes)
+    ops = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in counts.most_common(8))
+    if len(counts) > 8:
+        ops += f", ... ({len(counts) - 8} more kinds)"
+    lines = []
+    for node in graph.nodes:
+        if node.source and node.where() not in lines:
+            lines.append(node.where())
+        if len(lines) == 3:
+            break
+    where = ("created at " + "; ".join(lines)) if lines else node_where_hint()
+    return GraphError(
+        f"xla_compat: {doing} a graph of {len(graph.nodes)} ops failed: {type(e).__name__}: {e}\n"
+        f"  ops: {ops}\n  {where}\n"
+        f"  Every tensor keeps the value it had before this sync. A memory error means the step "
+        f"needs less memory (smaller batch, or sync more often to cut the graph).")
+
+
+def node_where_hint() -> str:
+    return "(source lines not recorded; set XLA_IR_DEBUG=1)"
+
+
+def _backups(graph: Graph):
+    """Host copies of the buffers a new executable's first run will take over (donation): if that
+    run fails, the tensors get their values back (``_restore``). Later runs of an executable that
+    ran once do not pay for this."""
+    if not graph.donate:
+        return None
+    import numpy as np
+    out = []
+    for i in graph.donate:
+        leaf = graph.leaves[i]
+        out.append((leaf, np.asarray(leaf.array), leaf.array.sharding))
+    return out
+
+
+def _restore(backups) -> None:
+    for leaf, host, where in backups or ():
+        if leaf.array.is_deleted():
+            leaf.set_array(jax.device_put(host, where))
 
 
 def _direct(graph: Graph):
@@ -620,14 +699,17 @@ def _note_dispatched(outputs) -> None:
 def wait_device_ops() -> None:
     """Block until every dispatched execution has finished (torch_xla's wait_device_ops)."""
     pending, _dispatched[:] = list(_dispatched), []
+    arrays = []
     for ref in pending:
         arr = ref()
         if arr is not None and not arr.is_deleted():
-            arr.block_until_ready()
-    for t in live_tensors():
+            arrays.append(arr)
+    for t in live_tensors():      # device data from transfers (device_put runs asynchronously)
         node = t._value.node
         if type(node) is DeviceData and not node.array.is_deleted():
-            node.array.block_until_ready()
+            arrays.append(node.array)
+    if arrays:
+        jax.block_until_ready(arrays)
 
 
 def clear_cache() -> None:
