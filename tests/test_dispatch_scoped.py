@@ -184,3 +184,27 @@ def test_to_path_moves_a_cpu_tensor_onto_the_device_on_that_path(fake_path):
     moved = xc.to_path(torch.arange(4), "fake")
     assert paths.of(moved) == "fake" and moved.device.type == "hlo"
     assert_same(moved * 2, torch.arange(4) * 2)
+
+
+@pytest.mark.parametrize("default, scoped", [("legacy", "functional"), ("functional", "legacy"),
+                                             ("core", "functional"), ("core", "legacy")])
+def test_backward_under_a_scope_creates_its_tensors_on_the_scoped_path(default, scoped):
+    """Autograd runs the device's backward on its own thread, outside the caller's scope; the
+    zeros it makes for an unused piece's gradient must still land on the scoped path (they used
+    to land on the default path, mix with the graph's tensors and abort the process)."""
+    saved = paths._default
+    paths.set_default(default)
+    try:
+        a_cpu = torch.randn(4, 3, requires_grad=True)
+        for split in (lambda t: t.chunk(2, 0), lambda t: t.split([1, 3]),
+                      lambda t: t.unbind(0)):
+            with xc.use_path(scoped):
+                a = a_cpu.detach().to(xc.device()).requires_grad_()
+                pieces = split(a)
+                (pieces[-1] * 3).sum().backward()
+                assert paths.of(a.grad) == scoped
+            a_cpu.grad = None
+            (split(a_cpu)[-1] * 3).sum().backward()
+            assert_same(a.grad, a_cpu.grad)
+    finally:
+        paths.set_default(saved)

@@ -93,7 +93,26 @@ def active() -> PathImpl:
     if _resolver is not None:
         _resolver()
     stack = getattr(_local, "stack", None)
-    return get(stack[-1] if stack else _default)
+    if stack:
+        return get(stack[-1])
+    if _scoped and torch._C._current_graph_task_id() != -1:
+        return get(_backward_path())
+    return get(_default)
+
+
+# Scopes open in any thread: {thread ident: its stack}. Autograd runs a device's backward on its
+# own worker thread, which has no scope of its own; tensors it creates (zeros for an unused
+# gradient) take the path of the scope that ran ``backward()`` so they meet their graph's tensors.
+_scoped: dict = {}
+_scoped_lock = threading.Lock()
+
+
+def _backward_path() -> str:
+    """The path for a tensor created on an autograd worker thread: the innermost scope open in
+    the threads that have one, when they all name the same path; else the process default."""
+    with _scoped_lock:
+        names = {stack[-1] for stack in _scoped.values() if stack}
+    return names.pop() if len(names) == 1 else _default
 
 
 def set_default(name: str) -> None:
@@ -116,10 +135,15 @@ def activated(name: str):
     if stack is None:
         stack = _local.stack = []
     stack.append(name)
+    with _scoped_lock:
+        _scoped[threading.get_ident()] = stack
     try:
         yield get(name)
     finally:
         stack.pop()
+        if not stack:
+            with _scoped_lock:
+                _scoped.pop(threading.get_ident(), None)
 
 
 def of(t: torch.Tensor) -> Optional[str]:
