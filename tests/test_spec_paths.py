@@ -293,12 +293,7 @@ def _resizes(t) -> bool:
     return True
 
 
-def test_a_cpu_tensor_stays_resizable_after_its_transfer(path, dev, request):
-    if path == "legacy":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (core transfer, legacy path): _jax.from_torch calls .numpy() on the caller's "
-            "own storage, which torch then marks non-resizable; eager out= ops that resize "
-            "that tensor later raise 'Trying to resize storage that is not resizable'")))
+def test_a_cpu_tensor_stays_resizable_after_its_transfer(path, dev):
     c = torch.zeros(2)
     c.to(dev)
     assert _resizes(c)

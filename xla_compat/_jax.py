@@ -56,21 +56,22 @@ def device():
 
 
 def from_torch(t: torch.Tensor) -> jax.Array:
-    """Copy a CPU tensor into a jax array on the backing device."""
-    t = t.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    t = t.contiguous()
+    """Copy a CPU tensor into a jax array on the backing device (one host copy).
+
+    The copy is ours alone: ``.numpy()`` on the caller's tensor would make torch mark its
+    storage non-resizable (a later eager ``out=`` resize of it raises), and on a CPU backend
+    ``device_put`` may keep pointing at the host buffer it is given, so handing it the caller's
+    memory would let a later in-place write on the CPU tensor change the device value.
+    ``copy_`` also lays the copy out contiguously and resolves conj/neg bits.
+    """
+    host = torch.empty(t.shape, dtype=t.dtype)
+    host.copy_(t.detach())
     if t.dtype in _BITCAST:
         as_int, np_dtype = _BITCAST[t.dtype]
-        host = t.view(as_int).numpy().view(np_dtype)
+        array = host.view(as_int).numpy().view(np_dtype)
     else:
-        host = t.numpy()
-    # device_put may alias the host buffer on a CPU backend; the tensor must not share it, or a
-    # later in-place write to the CPU tensor would change the device value.
-    return jax.device_put(host.copy(), device())
+        array = host.numpy()
+    return jax.device_put(array, device())
 
 
 def to_torch(a: jax.Array) -> torch.Tensor:
