@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from xla_compat import _jax
+from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
 from xla_compat.lazy.tensor import lock
 
@@ -134,8 +135,8 @@ def _same(x, out, *args, **kwargs):
     return x._chain
 
 
-@view_op(aten.view.default, aten._reshape_alias.default, aten.squeeze.default,
-         aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default)
+@view_op(aten.view.default, aten._reshape_alias.default, aten._unsafe_view.default,
+         aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default)
 def _reshape(x, out, *args, **kwargs):
     if tuple(out.shape) == tuple(x.shape):
         return x._chain
@@ -276,7 +277,7 @@ def restride(x: LegacyTensor, new: LegacyTensor) -> LegacyTensor:
     The C++ ``.data`` setter copies sizes, strides and offset and keeps x's autograd metadata
     and version counter (the in-place op itself bumps the version, as in eager).
     """
-    torch._C.TensorBase.data.__set__(x, new)
+    _core_tensor.take_geometry(x, new)
     x._join(new)
     return x
 

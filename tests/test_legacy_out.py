@@ -58,3 +58,30 @@ def test_a_cpu_tensor_used_as_an_operand_stays_resizable(path, dev):
     assert_same(d, torch.full((3,), 2.))
     s.resize_(4)
     assert s.shape == (4,)
+
+
+# -- E: aten._unsafe_view shares its input's storage -----------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+def test_unsafe_view_writes_reach_the_base_and_base_writes_reach_it(path, dev, dtype):
+    def run(x):
+        v = aten._unsafe_view(x, [3, 4])
+        v[1].logical_not_() if dtype is torch.bool else v[1].add_(100)
+        w = aten._unsafe_view(x[2:], [2, 5])        # of a view: offset 2
+        x[3:5].logical_not_() if dtype is torch.bool else x[3:5].mul_(-1)
+        return v, w
+    cpu = (torch.arange(12) % 3 == 0) if dtype is torch.bool else torch.arange(12).to(dtype)
+    d = cpu.to(dev)
+    exp, got = run(cpu), run(d)
+    assert_same(d, cpu)
+    assert_same(got, exp)
+    assert got[1].stride() == exp[1].stride()
+    assert got[1].storage_offset() == exp[1].storage_offset()
+
+
+def test_unsafe_view_of_an_incompatible_layout_raises_like_eager(path, dev):
+    cpu = torch.arange(12.).reshape(3, 4).t()
+    with pytest.raises(RuntimeError, match="view size is not compatible") as eager:
+        aten._unsafe_view(cpu, [12])
+    with pytest.raises(type(eager.value), match="view size is not compatible"):
+        aten._unsafe_view(torch.arange(12.).to(dev).reshape(3, 4).t(), [12])

@@ -181,8 +181,6 @@ SCATTER_OPS = {
 
 # Open gaps found by this audit (reported to the lead): strict xfails, so a fix shows up.
 COPY_OP_GAPS = {
-    ("legacy", "_unsafe_view"): "open (legacy): aten._unsafe_view returns a copy; in eager it "
-                                "shares the input's storage (issue 4.1 lists it among the aliases)",
     ("functional", "expand_copy"): "open (functional): a user's expand_copy result gets expand's "
                                    "zero strides (strides.eager_geometry), so writing it raises",
 }
