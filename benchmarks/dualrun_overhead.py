@@ -1,6 +1,6 @@
 """Dual-run overhead on the MLP training step: single path vs full dual run vs 1% sampling.
 
-    .venv/bin/python benchmarks/dualrun_overhead.py [--steps 200] [--warmup 5]
+    .venv/bin/python benchmarks/dualrun_overhead.py [--steps 200] [--warmup 5] [--dual-steps N]
 
 Each step ends with a sync, so times include tracing, compilation-cache lookup and execution.
 Prints a table of median step times and ratios to the single-path run.
@@ -54,12 +54,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5,
                     help="interleave the modes in this many blocks (load on a shared machine "
                          "then hits every mode alike)")
+    ap.add_argument("--dual-steps", type=int, default=None,
+                    help="timed full dual runs (default: a quarter of --steps, at least 10)")
     args = ap.parse_args(argv)
+    dual_steps = args.dual_steps if args.dual_steps is not None else max(args.steps // 4, 10)
     dev = xc.device()
     single, dual, sampled_ = _setup(dev), _setup(dev), _setup(dev)
     sampled = xc.dual_run_step(step, mode="sample", rate=0.01, name="bench-1pct")
     modes = [("single path (" + xc.path() + ")", lambda: step(*single), args.steps),
-             ("full dual run", lambda: xc.dual_run(step, *dual), max(args.steps // 4, 10)),
+             ("full dual run", lambda: xc.dual_run(step, *dual), dual_steps),
              ("1% sampling", lambda: sampled(*sampled_), args.steps)]
     for _, run, _ in modes:                    # compile every graph before timing
         _time(run, args.warmup, [])

@@ -1,12 +1,12 @@
 """SPMD overhead: one data-parallel training step over 8 devices vs the same step on 1 device,
 same model, same total batch, on both paths.
 
-    python benchmarks/spmd_overhead.py [--steps 30] [--batch 256]
+    python benchmarks/spmd_overhead.py [--steps 30] [--batch 256] [--warmup 3]
 
 On a CPU host the 8 "devices" are simulated (XLA_FLAGS=--xla_force_host_platform_device_count=8)
 and share the machine's cores, so this measures what SPMD costs (partitioned executable, 8 buffers
 per tensor, the all-reduce, host threads), not a speed-up. Times are medians of steady-state steps
-(after 3 warm-up steps), each step ending with a sync and a wait for the device.
+(after 3 warm-up steps by default), each step ending with a sync and a wait for the device.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def make_model() -> nn.Module:
                          nn.Linear(512, 10))
 
 
-def run(path: str, mesh, steps: int, batch: int) -> dict:
+def run(path: str, mesh, steps: int, batch: int, warmup: int = WARMUP) -> dict:
     with paths.activated(path):
         dev = xc.device()
         model = copy.deepcopy(make_model()).to(dev)
@@ -49,7 +49,7 @@ def run(path: str, mesh, steps: int, batch: int) -> dict:
         x_cpu = torch.randn(batch, 256, generator=g)
         y_cpu = torch.randint(0, 10, (batch,), generator=g)
         times, before = [], metrics.counter("UncachedCompile")
-        for i in range(WARMUP + steps):
+        for i in range(warmup + steps):
             start = time.perf_counter()
             x, y = x_cpu.to(dev), y_cpu.to(dev)
             if mesh is not None:
@@ -60,7 +60,7 @@ def run(path: str, mesh, steps: int, batch: int) -> dict:
             loss.backward()
             opt.step()
             xc.sync(wait=True)
-            if i >= WARMUP:
+            if i >= warmup:
                 times.append(time.perf_counter() - start)
         return {"median_ms": 1e3 * statistics.median(times), "loss": loss.item(),
                 "compiles": metrics.counter("UncachedCompile") - before}
@@ -70,17 +70,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--warmup", type=int, default=WARMUP)
     args = ap.parse_args()
     n = xs.global_runtime_device_count()
     mesh = xc.Mesh((n,), ("data",))
     print(f"MLP 256-512-512-10, SGD momentum, total batch {args.batch}, {args.steps} steps "
-          f"after {WARMUP} warm-up; {n} devices, {os.cpu_count()} host cores")
+          f"after {args.warmup} warm-up; {n} devices, {os.cpu_count()} host cores")
     print(f"| path | 1 device (ms/step) | {n}-device data parallel (ms/step) | ratio | "
           f"loss 1 / {n} | compiles 1 / {n} |")
     print("|---|---|---|---|---|---|")
     for path in ("legacy", "functional"):
-        one = run(path, None, args.steps, args.batch)
-        dp = run(path, mesh, args.steps, args.batch)
+        one = run(path, None, args.steps, args.batch, args.warmup)
+        dp = run(path, mesh, args.steps, args.batch, args.warmup)
         print(f"| {path} | {one['median_ms']:.2f} | {dp['median_ms']:.2f} | "
               f"{dp['median_ms'] / one['median_ms']:.2f}x | {one['loss']:.5f} / {dp['loss']:.5f} | "
               f"{one['compiles']} / {dp['compiles']} |")

@@ -1,6 +1,13 @@
 """The benchmark programs cannot rot: every workload, at tiny sizes, runs one warm-up and one timed
-step on torch eager, both hlo paths and its JAX twin, and each result matches torch eager."""
+step on torch eager, both hlo paths and its JAX twin, and each result matches torch eager; the
+SPMD and dual-run overhead scripts run end to end at their smallest sizes."""
 from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -65,3 +72,50 @@ def test_hlo_ops_are_counted_by_name():
     }"""
     assert measure.count_ops(hlo) == {"stablehlo.constant": 1, "stablehlo.transpose": 1,
                                       "stablehlo.scatter": 1, "call": 1}
+
+
+# -- the two stand-alone benchmark scripts, at their smallest sizes, in a subprocess -----------
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run_script(name: str, *args: str, env: dict | None = None) -> str:
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *args], cwd=REPO,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def test_spmd_overhead_script_prints_a_row_per_path_with_equal_losses_on_1_and_8_devices():
+    out = _run_script("spmd_overhead.py", "--steps", "1", "--warmup", "1", "--batch", "8",
+                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert "8 devices" in out and "8-device data parallel (ms/step)" in out, out
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] in ("legacy", "functional"):
+            rows[cells[0]] = cells
+    assert set(rows) == {"legacy", "functional"}, out
+    for path, (_, one_ms, dp_ms, ratio, losses, compiles) in rows.items():
+        assert float(one_ms) > 0 and float(dp_ms) > 0 and ratio.endswith("x"), rows[path]
+        loss_1, loss_8 = (float(v) for v in losses.split("/"))
+        assert loss_1 == pytest.approx(loss_8, rel=1e-4), f"{path}: {losses}"
+        assert all(int(c) >= 1 for c in compiles.split("/")), f"{path}: {compiles}"
+
+
+def test_dualrun_overhead_script_times_three_modes_and_every_dual_run_matches():
+    out = _run_script("dualrun_overhead.py", "--steps", "2", "--warmup", "1", "--rounds", "1",
+                      "--dual-steps", "1")
+    assert "full dual run: 1)" in out, out
+    for mode in ("single path (", "full dual run", "1% sampling"):
+        row = next((ln for ln in out.splitlines() if ln.startswith(mode)), None)
+        assert row is not None, f"no row for {mode!r}:\n{out}"
+        median_ms, mean_ms, ratio = row.split()[-3:]
+        assert float(median_ms) > 0 and float(mean_ms) > 0 and ratio.endswith("x"), row
+    counted = re.search(r"dual runs counted: (\d+) matched, (\d+) mismatched, (\d+) sampled out",
+                        out)
+    assert counted, out
+    matched, mismatched, skipped = map(int, counted.groups())
+    # warm-up and timed full dual runs (1 + 1) all match; 1% sampling skips almost every call
+    assert mismatched == 0 and matched >= 2 and matched + skipped == 2 + 3, out
