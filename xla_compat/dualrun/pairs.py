@@ -11,16 +11,25 @@ same aten op) to name the lowering that is wrong, with the line that created it.
 
 Lockstep is a debugging mode: every op's values become graph outputs, and buffers a probe's
 graph reads are not donated until the probe has been compared.
+
+A shadow path that fails to lower never reaches the caller: before each sync the shadow's
+pending graph is traced on its own (abstractly, nothing runs, no state changes); a lowering that
+raises is recorded as a mismatch naming the op whose trace created the failing node, the shadow
+twins are dropped, and the session goes on with the authoritative path alone. (An XLA compile or
+execution failure of the shared graph is not told apart by path: it raises as without lockstep.)
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import jax
 import numpy as np
 import torch
 
@@ -95,6 +104,7 @@ class PairTensor(torch.Tensor):
         t._twins = twins
         t._session = session
         t._view_of = None
+        session.pairs.add(t)
         return t
 
     def __init__(self, *args, **kwargs):
@@ -160,6 +170,7 @@ class OpRecord:
     checks: list = field(default_factory=list)    # (label, torch dtype, {path: probe LazyTensor})
     values: dict = field(default_factory=dict)    # path -> [Value] as snapshotted (pre-sync)
     problem: Optional[Mismatch] = None            # raised/returned differently at trace time
+    culprit: Optional[dict] = None                # the shadow node whose sync failed, if any
 
 
 class Lockstep:
@@ -172,6 +183,10 @@ class Lockstep:
         self.ignore = IgnoreRules.parse(ignore) + IgnoreRules.from_settings()
         self.name = name
         self.records: list[OpRecord] = []
+        self.pairs: weakref.WeakSet = weakref.WeakSet()     # every pair made in this session
+        self.shadow_failure: Optional[str] = None   # set when the shadow failed: auth runs alone
+        self._shadow_errors: list[str] = []          # shadow exceptions since the last check
+        self._lowered: set = set()                   # shadow graph keys that traced cleanly
         self.results: list[DualRunResult] = []
         self.first_divergence: Optional[dict] = None
         self.ops = 0
@@ -180,16 +195,19 @@ class Lockstep:
         self.nodes = {p: 0 for p in PATHS}
 
     # -- factories -----------------------------------------------------------------------------
+    def _paths(self) -> tuple:
+        return (self.auth,) if self.shadow_failure else (self.auth, self.shadow)
+
     def pair_from_core(self, t: LazyTensor) -> PairTensor:
         twins = {}
-        for p in (self.auth, self.shadow):
+        for p in self._paths():
             impl = paths.get(p)
             twins[p] = impl.wrap(impl.tensor_cls(t._value, tuple(t.shape), t.dtype))
         return PairTensor(twins, self)
 
     def pair_from(self, t: torch.Tensor) -> PairTensor:
         """A pair holding copies of device tensor ``t`` (of any path) on both paths."""
-        twins = {p: dispatch.to_path(t.detach(), p) for p in (self.auth, self.shadow)}
+        twins = {p: dispatch.to_path(t.detach(), p) for p in self._paths()}
         return PairTensor(twins, self)
 
     # -- one op --------------------------------------------------------------------------------
@@ -233,6 +251,7 @@ class Lockstep:
             e = errors[self.shadow]
             rec.problem = Mismatch(f"op {rec.op}", "exception",
                                    f"the shadow path raised {type(e).__name__}: {str(e)[:500]}")
+            self._shadow_errors.append(f"{type(e).__name__}: {str(e)[:2000]}")
         result = self._wrap(func, args, kwargs, outs, rec)
         rec.last_node = next(ir._ids)
         self._log(rec)
@@ -329,6 +348,72 @@ class Lockstep:
     def probes(self) -> list:
         return [t for r in self.records for _, _, pr in r.checks for t in pr.values()]
 
+    def check_shadow(self, tensors=None) -> None:
+        """Before a sync: trace the graph of the shadow twins of ``tensors`` (every pair of the
+        session when None) and of the shadow's probes, abstractly. A lowering that raises is
+        recorded and the shadow dropped (``_drop_shadow``), so the sync that follows runs the
+        authoritative path alone instead of raising the shadow's error to the caller."""
+        if self.shadow_failure:
+            return
+        pairs = list(self.pairs) if tensors is None else [t for t in tensors
+                                                          if isinstance(t, PairTensor)]
+        twins = [p._twins[self.shadow] for p in pairs if self.shadow in p._twins]
+        try:
+            paths.before_sync(twins)
+            roots = [t._value for t in paths.inner_tensors(twins)]
+            roots += [pr[self.shadow]._value for r in self.records for _, _, pr in r.checks
+                      if self.shadow in pr]
+            roots = list(dict.fromkeys(v for v in roots if not v.node.is_leaf))
+            if not roots:
+                return
+            graph = executor.collect(roots)
+            if graph.key in self._lowered:
+                return
+            params = [jax.ShapeDtypeStruct(leaf.avals[0].shape, leaf.avals[0].dtype)
+                      if type(leaf) is DeviceData else leaf.value for leaf in graph.leaves]
+            jax.eval_shape(executor.build_function(graph), *params)
+        except Exception as e:  # the shadow's failure is a finding, not the caller's error
+            self._drop_shadow(e)
+            return
+        if len(self._lowered) > 1024:
+            self._lowered.clear()
+        self._lowered.add(graph.key)
+
+    def _drop_shadow(self, error: Exception) -> None:
+        """Record a shadow sync failure on the op that created the failing node, then forget the
+        shadow twins: from here on the session runs the authoritative path alone."""
+        text = f"{type(error).__name__}: {str(error)[:2000]}"
+        self.shadow_failure = text
+        self._shadow_errors.append(text)
+        node = getattr(error, "xla_compat_node", None)
+        rec = None
+        if node is not None:
+            rec = next((r for r in self.records if r.first_node < node.id < r.last_node), None)
+        if rec is None:          # not created by a recorded op (or no node known): a sync record
+            rec = OpRecord(self.ops, node.op if node is not None else "sync",
+                           node.source if node is not None else None, [], [], 0, 0)
+            self.ops += 1
+            self._log(rec)
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        rec.problem = Mismatch(f"op {rec.op}", "exception",
+                               f"the shadow ({self.shadow}) path failed at sync: "
+                               f"{type(error).__name__}: {first_line[:500]}")
+        if node is not None:
+            rec.culprit = {"path": self.shadow, "op": node.op,
+                           "rule": getattr(node.rule, "name", None),
+                           "source": _where(node.source),
+                           "function": node.source[2] if node.source else None,
+                           "inputs": [f"{v.aval.dtype}{list(v.aval.shape)}"
+                                      for v in node.inputs if type(v.node) is not ScalarParam],
+                           "detail": f"sync failed: {text[:500]}"}
+        for pair in list(self.pairs):
+            pair._twins.pop(self.shadow, None)
+        for r in self.records:
+            r.checks = [(label, dtype, {p: t for p, t in pr.items() if p != self.shadow})
+                        for label, dtype, pr in r.checks]
+            r.values.pop(self.shadow, None)
+        gc.collect()     # the shadow's tensors (pending the failing graph) must not outlive this
+
     def protected(self):
         """Leaves under the pending op log (the CPU check re-evaluates nodes from them)."""
         seen, stack = set(), [v.node for r in self.records for vs in r.values.values() for v in vs]
@@ -355,6 +440,8 @@ class Lockstep:
         for rec in records:
             found = [rec.problem] if rec.problem else []
             for label, dtype, pr in rec.checks:
+                if self.shadow not in pr:       # the shadow failed at this sync: nothing to compare
+                    continue
                 a, s = (np.asarray(pr[p]._value.node.array) for p in (self.auth, self.shadow))
                 m = compare_arrays(f"op {rec.index} {rec.op} {label}", a, s, dtype)
                 if m is not None:
@@ -373,7 +460,9 @@ class Lockstep:
             value=None, match=not mismatches, mismatches=tuple(mismatches[:50]),
             ignored=tuple(ignored[:50]), authoritative=self.auth, shadow=self.shadow,
             name=self.name, step=self.syncs - 1, mode="lockstep", wall_s=dict(self.wall_s),
-            graph_nodes=dict(self.nodes), first_divergence=first)
+            graph_nodes=dict(self.nodes), first_divergence=first,
+            shadow_exception=self._shadow_errors[0] if self._shadow_errors else None)
+        self._shadow_errors = []
         self.wall_s = {p: 0.0 for p in PATHS}
         self.nodes = {p: 0 for p in PATHS}
         self.results.append(result)
@@ -383,7 +472,7 @@ class Lockstep:
         return result
 
     def _divergence(self, rec: OpRecord, m: Mismatch) -> dict:
-        culprits = []
+        culprits = [rec.culprit] if rec.culprit else []
         for p in (self.auth, self.shadow):
             culprits += oracle_check(p, rec.values.get(p, []), rec.first_node, rec.last_node)
         nodes = {p: [n.op for n in _window_nodes(rec.values.get(p, []), rec.first_node,
@@ -498,6 +587,8 @@ class _SyncHook:
 
     @staticmethod
     def before(tensors):
+        if _active is not None and not _inside():
+            _active.check_shadow(tensors)
         if tensors is None:
             return None
         if _active is not None:
