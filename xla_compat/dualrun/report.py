@@ -126,15 +126,18 @@ def summarize(records: list[dict], skipped: int = 0) -> str:
 
 
 def _first_op(r: dict) -> str:
-    fd = r.get("first_divergence")
-    if fd:
-        culprit = fd.get("culprit") or {}
-        op = culprit.get("op") or fd.get("op", "?")
-        where = culprit.get("source") or fd.get("source") or "?"
+    """The row a mismatching record counts under: the op (and line) lockstep found first, else
+    the first compared value (name and kind) of a step-level run."""
+    fd = r.get("first_divergence") or {}
+    culprit = fd.get("culprit") or {}
+    op = culprit.get("op") or fd.get("op")
+    if op:
+        where = culprit.get("source") or fd.get("source") or "line not recorded"
         return f"{op} ({where})"
-    mm = r.get("mismatches") or []
-    if mm:
-        return f"{mm[0].get('name', '?')} [{mm[0].get('kind', '?')}] (function level)"
+    first = fd if fd.get("name") else next(iter(r.get("mismatches") or []), None)
+    if first:
+        level = fd.get("level") or "function"
+        return f"{first.get('name', '?')} [{first.get('kind', '?')}] ({level} level)"
     return "? (no detail recorded)"
 
 
