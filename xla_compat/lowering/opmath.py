@@ -91,6 +91,12 @@ _OWN_ROUNDING = frozenset({
 # (BinaryOpsKernel.cpp: mul and true division by a CPU scalar; addcmul/addcdiv's value).
 _ORIGINAL_SCALAR = frozenset({"mul", "div", "multiply", "divide", "true_divide"})
 
+# Scalar-typed arguments eager converts to the tensor's dtype before computing (``alpha`` of
+# add/sub is ``alpha_scalar.to<scalar_t>()``, pow's exponent likewise); other Scalars (clamp's
+# bounds, addcmul's value, lerp's weight, activation parameters) are read in float32.
+_ROUNDED_SCALARS = {"add": {"alpha"}, "sub": {"alpha"}, "subtract": {"alpha"}, "rsub": {"alpha"},
+                    "pow": {"exponent"}}
+
 
 def low_dtype(avals):
     """The float16/bfloat16 dtype among a node's outputs, or None."""
@@ -145,11 +151,24 @@ def _tensor_slots(op_name: str) -> tuple[frozenset, frozenset]:
     return frozenset(pos), frozenset(kw)
 
 
+@functools.lru_cache(maxsize=None)
+def _rounded_slots(op_name: str) -> tuple[frozenset, frozenset]:
+    """Positions and keyword names of the Scalar arguments eager rounds (``_ROUNDED_SCALARS``)."""
+    from ..lazy.tracer import overload_named
+    names = _ROUNDED_SCALARS.get(op_name.split(".")[1], ())
+    ov = overload_named(op_name)
+    pos = {i for i, a in enumerate(ov._schema.arguments) if a.name in names and not a.kwarg_only}
+    return frozenset(pos), frozenset(names)
+
+
 def _widen(x, low, foreign: bool):
     """``x`` for a float32 computation: float16/bfloat16 arrays widened; with ``foreign``, other
-    real floating arrays (wrapped numbers, 0-dim tensors) first rounded to ``low``."""
+    real floating values (wrapped numbers, 0-dim tensors, rounded Scalars) first rounded to
+    ``low``."""
     if isinstance(x, (list, tuple)):
         return type(x)(_widen(e, low, foreign) for e in x)
+    if type(x) is float:
+        return float(np.asarray(x, np.float32).astype(low)) if foreign else x
     dt = getattr(x, "dtype", None)
     if dt is None or not hasattr(x, "shape"):
         return x
@@ -216,9 +235,11 @@ def call(rule, node, args: list, kwargs: dict):
         return rule.fn(*args, **kwargs)
     if how == POINTWISE:
         pos, kw = _tensor_slots(node.op)
-        keep = node.op.split(".")[1] in _ORIGINAL_SCALAR
-        args = [_widen(a, low, i in pos and not keep) for i, a in enumerate(args)]
-        kwargs = {k: v if k == "aval" else _widen(v, low, k in kw and not keep)
+        if node.op.split(".")[1] in _ORIGINAL_SCALAR:
+            pos, kw = frozenset(), frozenset()
+        rpos, rkw = _rounded_slots(node.op)
+        args = [_widen(a, low, i in pos or i in rpos) for i, a in enumerate(args)]
+        kwargs = {k: v if k == "aval" else _widen(v, low, k in kw or k in rkw)
                   for k, v in kwargs.items()}
     else:
         args = [_widen(a, low, False) for a in args]
