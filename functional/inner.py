@@ -9,6 +9,7 @@ writes ``as_strided`` by storage position and keeps the gaps of ``unfold`` write
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 
@@ -62,6 +63,8 @@ class FunctionalInner(LazyTensor):
     def plans_ok(cls, func) -> bool:
         """Plans replay only what the core tracer does: not for the ops this path handles
         itself, composes into view chains or restrides."""
+        if getattr(_state, "unplanned", False):
+            return False
         ok = _PLAIN.get(func)
         if ok is None:
             handler = _HANDLERS.get(func)
@@ -175,11 +178,52 @@ def _bool_write_back_delta(cls, func, args, kwargs):
             and a.dtype is torch.bool and b.dtype is torch.bool
             and kwargs.get("alpha", args[2] if len(args) > 2 else 1) == 1):
         return NotImplemented
-    return aten.sub.Tensor(a.to(torch.int8), b.to(torch.int8))
+    out = aten.sub.Tensor(a.to(torch.int8), b.to(torch.int8))
+    _BOOL_DELTAS.add(out._value.node)
+    return out
 
 
 # It declines on dtypes and alpha alone, which a plan's key holds: safe to replay around.
 _bool_write_back_delta.plan_safe = True
+
+# Nodes of the int8 differences above; the write-back's ``base + sum_to(delta)`` must stay bool.
+_BOOL_DELTAS: "weakref.WeakSet[ir.Node]" = weakref.WeakSet()
+# What upstream's ``sum_to`` puts between the difference and the add (names as nodes record them).
+_SUM_TO = frozenset({"aten.sum.dim_IntList", "aten.sum.default", "aten.view_copy.default",
+                     "aten._unsafe_view.default", "aten.squeeze_copy.dims", "aten.clone.default"})
+
+
+def _from_bool_delta(v) -> bool:
+    node = v.node
+    for _ in range(4):
+        if node in _BOOL_DELTAS:
+            return True
+        if node.op not in _SUM_TO or not node.inputs:
+            return False
+        node = node.inputs[0].node
+    return False
+
+
+@handles(aten.add.Tensor)
+def _bool_plus_number(cls, func, args, kwargs):
+    """``bool + integer/float tensor``. Upstream's write-back of a bool expanded view adds the
+    summed int8 difference to the bool base; the sum is -1, 0 or 1 where one piece was written,
+    so the base takes back ``!= 0`` of it, a bool (eager writes the bool base). Any other such add
+    is traced as usual but never replayed from a plan, so every call comes here."""
+    a, b = args[0], args[1]
+    if not (isinstance(a, LazyTensor) and isinstance(b, LazyTensor)
+            and a.dtype is torch.bool and b.dtype is not torch.bool):
+        return NotImplemented
+    if len(args) == 2 and not kwargs and _from_bool_delta(b._value):
+        return aten.ne.Scalar(aten.add.Tensor(a.to(b.dtype), b), 0)
+    _state.unplanned = True     # no plan for this key: the next call must come here again
+    try:
+        return tracer.trace(cls, func, args, kwargs)
+    finally:
+        _state.unplanned = False
+
+
+_bool_plus_number.plan_safe = True
 
 
 @handles(aten.unfold_backward.default)
