@@ -191,8 +191,38 @@ def write_positions(flat, idx, vals, overlapping=None):
     return jnp.where(last >= 0, vals[jnp.clip(last, 0, idx.size - 1)], flat)
 
 
+def dense_box(shape, size, stride, offset):
+    """Where the window (size, stride, offset) of a contiguous tensor of ``shape`` is a dense box
+    of it, whatever the window's dim order: (order, box shape, box start), with ``order`` the
+    window dims (size > 1) from outermost to innermost. None for any other window."""
+    kept = [d for d, n in enumerate(size) if n > 1]
+    if any(stride[d] <= 0 for d in kept) or any(n == 0 for n in size) or not shape:
+        return None
+    order = tuple(sorted(kept, key=lambda d: -stride[d]))
+    idx = strided_index([size[d] for d in order], [stride[d] for d in order], offset).reshape(-1)
+    if idx.size and int(idx[-1]) >= int(np.prod(shape)):
+        return None
+    coords = np.stack(np.unravel_index(idx, shape))
+    start, box = coords.min(axis=1), coords.max(axis=1) - coords.min(axis=1) + 1
+    if int(np.prod(box)) != idx.size:
+        return None
+    contiguous = np.cumprod((1,) + tuple(shape[:0:-1]))[::-1]
+    expected = strided_index(tuple(box), contiguous, int(np.dot(start, contiguous)))
+    if not np.array_equal(expected.reshape(-1), idx):
+        return None
+    return order, tuple(int(b) for b in box), tuple(int(s) for s in start)
+
+
 @lowering(aten.as_strided_scatter.default)
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """One dynamic_update_slice where the window is a dense box of ``x``; a scatter otherwise."""
+    box = dense_box(x.shape, size, stride, storage_offset or 0)
+    if box is not None:
+        order, shape, start = box
+        kept = [d for d, n in enumerate(size) if n > 1]
+        value = jnp.reshape(src, [size[d] for d in kept])
+        value = jnp.transpose(value, [kept.index(d) for d in order])
+        return lax.dynamic_update_slice(x, jnp.reshape(value, shape).astype(x.dtype), start)
     idx = strided_index(size, stride, storage_offset or 0).reshape(-1)
     vals = jnp.reshape(src, (-1,)).astype(x.dtype)
     return write_positions(jnp.reshape(x, (-1,)), idx, vals).reshape(x.shape)
