@@ -74,6 +74,8 @@ def install() -> None:
     with warnings.catch_warnings():     # "overriding a previously registered kernel": meant
         warnings.simplefilter("ignore")
         _lib.impl("_to_copy", _to_copy_functionalize, "Functionalize")
+        _install_as_strided()
+        _install_copy_ops()
 
 
 _lib = None
@@ -100,3 +102,108 @@ def _to_copy_functionalize(self, *, dtype=None, layout=None, device=None, pin_me
         return out
     from .wrap import wrap
     return wrap(out)
+
+
+# -- as_strided of a view ------------------------------------------------------------------------
+
+_as_strided_upstream = None
+
+
+def _view_base(t: torch.Tensor):
+    """The functional hlo wrapper ``t`` is a view of, when ``as_strided`` may be taken on it:
+    it has no view steps itself, shares ``t``'s storage and dtype. None otherwise."""
+    from torch._C._functionalization import get_view_meta_sequence
+    if not owns(t) or not get_view_meta_sequence(t):
+        return None
+    base = t._base
+    if (base is None or not owns(base) or base.dtype != t.dtype
+            or get_view_meta_sequence(base)
+            or base.untyped_storage()._cdata != t.untyped_storage()._cdata):
+        return None
+    return base
+
+
+def _as_strided_functionalize(keyset, self, size, stride, storage_offset=None):
+    """``view.as_strided(...)`` of a functional hlo view is taken on the view's base.
+
+    Eager's ``as_strided`` indexes the storage the view shares with its base, and its offset
+    defaults to the view's own. Upstream functionalization instead chains it after the view's
+    steps: reads can only see the view's own elements, and a write through it raises
+    ("as_strided() is non-compositional"), except on XLA. The base, whose elements are the whole
+    storage, gives eager's elements for both. Anything else is upstream's kernel."""
+    base = _view_base(self)
+    if base is None:
+        return _as_strided_upstream.call_boxed(keyset, self, size, stride, storage_offset)
+    offset = self.storage_offset() if storage_offset is None else storage_offset
+    return torch.ops.aten.as_strided.default(base, size, stride, offset)
+
+
+def _install_as_strided() -> None:
+    global _as_strided_upstream
+    _as_strided_upstream = torch.library.get_kernel(torch.ops.aten.as_strided.default,
+                                                    "Functionalize")
+    _lib.impl("as_strided", _as_strided_functionalize, "Functionalize", with_keyset=True)
+
+
+# -- a user's own call of a *_copy op --------------------------------------------------------------
+
+# The *_copy ops whose inner result takes its view's strides (strides.py); as_strided_copy too.
+_COPY_OPS = ("alias_copy", "as_strided_copy", "detach_copy", "diagonal_copy", "expand_copy",
+             "permute_copy", "select_copy", "slice_copy", "split_copy", "split_with_sizes_copy",
+             "squeeze_copy", "t_copy", "transpose_copy", "unbind_copy", "unfold_copy",
+             "unsqueeze_copy", "view_copy", "view_as_real_copy", "view_as_complex_copy",
+             "_reshape_alias_copy")
+
+
+def _map(f, x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(f, e) for e in x)
+    return f(x)
+
+
+def _unwrap(t):
+    if isinstance(t, torch.Tensor) and torch._is_functional_tensor(t):
+        torch._sync(t)
+        return torch._from_functional_tensor(t)
+    return t
+
+
+def _copy_op_functionalize(op, upstream):
+    """A direct call of ``op`` (a ``*_copy`` op) on functional hlo tensors.
+
+    Functionalization's view kernels call ``*_copy`` ops below this key, so only a user's own
+    call arrives here. Eager returns a fresh tensor laid out as the op's meta kernel says
+    (contiguous); the inner tensor of a view copy carries the *view's* strides (strides.py), which
+    a user's copy must not: ``expand_copy(z, ...)`` would report zero strides and refuse writes.
+    Upstream's kernel for a functional op (sync, unwrap, run, wrap), with that layout."""
+    from .inner import FunctionalInner
+    from .strides import _to_meta
+    from .wrap import wrap
+
+    def kernel(keyset, *args, **kwargs):
+        flat = [a for a in args if isinstance(a, torch.Tensor)]
+        if not any(owns(a) for a in flat):
+            return upstream.call_boxed(keyset, *args, **kwargs)
+        layout = op(*_to_meta(args), **_to_meta(kwargs))
+        with torch._C._ExcludeDispatchKeyGuard(_FUNCTIONALIZE):
+            out = op(*_map(_unwrap, args), **_map(_unwrap, kwargs))
+
+        def fresh(pair):
+            o, m = pair
+            return wrap(FunctionalInner(o._value, tuple(o.shape), o.dtype, tuple(m.stride()), 0))
+        if isinstance(out, (list, tuple)):
+            return type(out)(fresh(p) for p in zip(out, layout))
+        return fresh((out, layout))
+    return kernel
+
+
+def _install_copy_ops() -> None:
+    for name in _COPY_OPS:
+        packet = getattr(torch.ops.aten, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if op._schema.is_mutable:             # the out= forms stay upstream's
+                continue
+            upstream = torch.library.get_kernel(op, "Functionalize")
+            _lib.impl(op, _copy_op_functionalize(op, upstream), "Functionalize",
+                      with_keyset=True)
