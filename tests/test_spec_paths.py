@@ -181,8 +181,6 @@ SCATTER_OPS = {
 
 # Open gaps found by this audit (reported to the lead): strict xfails, so a fix shows up.
 COPY_OP_GAPS = {
-    ("functional", "expand_copy"): "open (functional): a user's expand_copy result gets expand's "
-                                   "zero strides (strides.eager_geometry), so writing it raises",
 }
 
 
@@ -228,11 +226,7 @@ def test_view_as_real_and_complex_copy_match_eager(path, dev, dtype):
 @pytest.mark.parametrize("write", [lambda e: e.__setitem__(1, False), lambda e: e[0].fill_(True),
                                    lambda e: e[2].logical_not_()],
                          ids=["setitem", "fill_", "logical_not_"])
-def test_bool_write_through_a_piece_of_an_expanded_view_reaches_the_base(path, dev, write, request):
-    if path == "functional":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): the write-back's int8 difference is summed to int64 and the "
-            "result cannot be cast back to bool ('result type Long can't be cast to ... Bool')")))
+def test_bool_write_through_a_piece_of_an_expanded_view_reaches_the_base(path, dev, write):
     cpu = torch.tensor([True, False, True, False])
     d = cpu.to(dev)
     write(cpu.expand(3, 4))
