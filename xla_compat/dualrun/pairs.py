@@ -27,21 +27,20 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 import numpy as np
 import torch
 
-from .. import _jax, device as _device, dispatch, executor, metrics, paths
+from .. import device as _device, dispatch, executor, metrics, paths
 from ..lazy import ir
-from ..lazy.ir import DeviceData, ScalarParam, Value
+from ..lazy.ir import DeviceData, Value
 from ..lazy.tensor import DEVICE, LazyTensor, lock
-from ..lazy import tracer
-from ..lazy.tracer import fill
-from ..lowering.registry import Rule
+from . import oracle
 from .compare import IgnoreRules, Mismatch, compare_arrays, compare_values
 from .function import PATHS, DualRunResult, MismatchError, finish, shadow_of
+from .oracle import flat as _flat, tree_map as _map, where as _where
 
 aten = torch.ops.aten
 _local = threading.local()          # depth > 0 while a twin runs an op (factories stay plain)
@@ -76,10 +75,6 @@ def _user_source() -> Optional[tuple]:
             return (name, f.f_lineno, f.f_code.co_name)
         f = f.f_back
     return None
-
-
-def _where(source) -> Optional[str]:
-    return f"{source[0]}:{source[1]}" if source else None
 
 
 def _describe(x) -> str:
@@ -122,27 +117,6 @@ class PairTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None):
         a = self._twins[self._session.auth]
         return f"PairTensor(auth={self._session.auth}, {a!r})"
-
-
-def _flat(x):
-    if isinstance(x, (list, tuple)):
-        for e in x:
-            yield from _flat(e)
-    elif isinstance(x, dict):
-        for e in x.values():
-            yield from _flat(e)
-    else:
-        yield x
-
-
-def _map(x, fn):
-    if isinstance(x, tuple):
-        return tuple(_map(e, fn) for e in x)
-    if isinstance(x, list):
-        return [_map(e, fn) for e in x]
-    if isinstance(x, dict):
-        return {k: _map(v, fn) for k, v in x.items()}
-    return fn(x)
 
 
 class _Missing(Exception):
@@ -399,13 +373,7 @@ class Lockstep:
                                f"the shadow ({self.shadow}) path failed at sync: "
                                f"{type(error).__name__}: {first_line[:500]}")
         if node is not None:
-            rec.culprit = {"path": self.shadow, "op": node.op,
-                           "rule": getattr(node.rule, "name", None),
-                           "source": _where(node.source),
-                           "function": node.source[2] if node.source else None,
-                           "inputs": [f"{v.aval.dtype}{list(v.aval.shape)}"
-                                      for v in node.inputs if type(v.node) is not ScalarParam],
-                           "detail": f"sync failed: {text[:500]}"}
+            rec.culprit = oracle.culprit(self.shadow, node, f"sync failed: {text[:500]}")
         for pair in list(self.pairs):
             pair._twins.pop(self.shadow, None)
         for r in self.records:
@@ -474,79 +442,13 @@ class Lockstep:
     def _divergence(self, rec: OpRecord, m: Mismatch) -> dict:
         culprits = [rec.culprit] if rec.culprit else []
         for p in (self.auth, self.shadow):
-            culprits += oracle_check(p, rec.values.get(p, []), rec.first_node, rec.last_node)
-        nodes = {p: [n.op for n in _window_nodes(rec.values.get(p, []), rec.first_node,
-                                                 rec.last_node)] for p in PATHS}
+            culprits += oracle.check(p, rec.values.get(p, []), rec.first_node, rec.last_node)
+        nodes = {p: [n.op for n in oracle.window_nodes(rec.values.get(p, []), rec.first_node,
+                                                       rec.last_node)] for p in PATHS}
         return {"level": "op", "index": rec.index, "op": rec.op, "source": _where(rec.source),
                 "function": rec.source[2] if rec.source else None, "inputs": rec.inputs,
                 "outputs": rec.outputs, "mismatch": m.as_dict(), "nodes": nodes,
                 "culprit": culprits[0] if culprits else None, "culprits": culprits}
-
-
-# -- naming the lowering: each node of the divergent op against PyTorch on the CPU -----------
-
-def _window_nodes(values, first: int, last: int) -> list:
-    seen, stack, out = set(), [v.node for v in values], []
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if first < n.id < last and not n.is_leaf:
-            out.append(n)
-        stack.extend(v.node for v in n.inputs)
-    return sorted(out, key=lambda n: n.id)
-
-
-
-
-def _cpu_arg(x):
-    if isinstance(x, torch.device) and x.type == DEVICE.type:
-        return torch.device("cpu")
-    return x
-
-
-def oracle_check(path: str, values, first: int, last: int) -> list[dict]:
-    """Nodes created in (first, last) under ``values`` whose output differs from the aten op
-    run by PyTorch on the CPU on the same input values, in creation order."""
-    found = []
-    for node in _window_nodes(values, first, last):
-        op = tracer.overload_named(node.op)
-        rule = node.rule
-        if op is None or not isinstance(rule, Rule) or rule.random or op._schema.is_mutable:
-            continue
-        outs = [Value(node, i) for i in range(len(node.avals))]
-        graph = executor.collect(list(node.inputs) + outs)
-        try:
-            arrays = executor.build_function(graph)(*executor._params(graph))
-        except Exception:  # cannot re-evaluate (a deleted buffer): no verdict on this node
-            continue
-        ins, got = arrays[:len(node.inputs)], arrays[len(node.inputs):]
-        cpu_ins = [v.node.value if type(v.node) is ScalarParam else _jax.to_torch(a)
-                   for v, a in zip(node.inputs, ins)]
-        args = _map(fill(node.args, cpu_ins), _cpu_arg)
-        kwargs = {k: _map(fill(v, cpu_ins), _cpu_arg) for k, v in node.kwargs}
-        try:
-            want = op(*args, **kwargs)
-        except Exception:  # PyTorch cannot run it on the CPU: no verdict
-            continue
-        want = [w for w in _flat(want) if isinstance(w, torch.Tensor)]
-        for i, (g, w) in enumerate(zip(got, want)):
-            w = w.detach()
-            m = compare_arrays(f"{node.op} output {i}", np.asarray(w.float().numpy()
-                                                                   if w.dtype == torch.bfloat16
-                                                                   else w.numpy()),
-                               np.asarray(g).astype(w.numpy().dtype if w.dtype != torch.bfloat16
-                                                    else np.float32), w.dtype)
-            if m is not None:
-                found.append({"path": path, "op": node.op, "rule": rule.name,
-                              "source": _where(node.source),
-                              "function": node.source[2] if node.source else None,
-                              "inputs": [f"{v.aval.dtype}{list(v.aval.shape)}"
-                                         for v in node.inputs if type(v.node) is not ScalarParam],
-                              "detail": m.detail})
-                break
-    return found
 
 
 # -- activation ------------------------------------------------------------------------------
