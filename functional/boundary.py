@@ -115,12 +115,17 @@ def _view_base(t: torch.Tensor):
     from torch._C._functionalization import get_view_meta_sequence
     if not owns(t) or not get_view_meta_sequence(t):
         return None
-    base = t._base
-    if (base is None or not owns(base) or base.dtype != t.dtype
-            or get_view_meta_sequence(base)
-            or base.untyped_storage()._cdata != t.untyped_storage()._cdata):
-        return None
-    return base
+    storage = t.untyped_storage()._cdata
+
+    def fits(base) -> bool:
+        return (base is not None and owns(base) and base.dtype == t.dtype
+                and not get_view_meta_sequence(base)
+                and base.untyped_storage()._cdata == storage)
+    if fits(t._base):
+        return t._base
+    # Not an autograd view of it (``x.detach()``): a wrapper made at the boundary, if one fits.
+    from .wrap import _wrappers
+    return next((w for w in list(_wrappers.values()) if fits(w)), None)
 
 
 def _as_strided_functionalize(keyset, self, size, stride, storage_offset=None):

@@ -112,6 +112,26 @@ def test_write_through_as_strided_of_a_view_reaches_the_base_and_other_views(pat
     assert_same(d, cpu, msg=name)
 
 
+def test_write_through_as_strided_of_a_detached_tensor_reaches_it(path, dev):
+    cpu = torch.arange(12.).reshape(3, 4)
+    d = cpu.to(dev)
+    cpu.detach().as_strided((2, 2), (1, 4), 1).add_(1)
+    d.detach().as_strided((2, 2), (1, 4), 1).add_(1)
+    assert_same(d, cpu)
+
+
+def test_as_strided_past_a_view_without_a_nameable_base_is_the_documented_limit(dev):
+    """migration_guide/model_developers.md: a view of ``y.detach()`` (``y`` an op's result) has
+    no base the path can name; reaching past its own elements is a clear error, not a wrong read."""
+    from xla_compat import paths
+    from xla_compat.functional import FunctionalizationLimit
+    with paths.activated("functional"):
+        y = torch.arange(12.).reshape(3, 4).to(dev) * 1
+        with pytest.raises(FunctionalizationLimit, match="as_strided"):
+            y.detach()[1:].as_strided((2,), (1,), 0)
+        assert_same(y.detach()[1:].as_strided((2,), (1,), 5), torch.tensor([5., 6.]))
+
+
 def test_gradient_through_as_strided_of_a_view_matches_eager(path, dev):
     def grads(w):
         y = (w * 1).t().as_strided((2, 2), (1, 4)) * torch.tensor([[1., 2.], [3., 4.]]).to(
