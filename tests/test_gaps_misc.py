@@ -200,3 +200,8 @@ def test_torch_load_without_an_hlo_map_location_is_unchanged():
         assert t.device.type == "cpu" and torch.equal(t, saved[name]), name
     loaded = torch.load(_saved(saved), map_location="cpu")
     assert loaded["row"].untyped_storage().data_ptr() == loaded["f32"].untyped_storage().data_ptr()
+
+
+def test_moving_a_storage_to_hlo_says_to_move_tensors_instead(dev):
+    with pytest.raises(RuntimeError, match=r"map_location='hlo'"):
+        torch.ones(3).untyped_storage().to(device=dev)

@@ -47,6 +47,15 @@ class _BackendModule(types.ModuleType):
     def _lazy_init(self):
         pass
 
+    def device(self, device):
+        """Reached by ``storage.to(hlo)`` (torch's storage copy): hlo tensors have no storage, and
+        past this point torch would allocate one on PrivateUse1 and crash the process. (torch's
+        checkpoint also enters this, but only once the module has ``_initialized`` set.)"""
+        raise RuntimeError(
+            f"xla_compat: a storage cannot be moved to {device}: hlo tensors are lazy and have no "
+            f"storage. Move tensors instead (tensor.to('{NAME}')), or load a checkpoint with "
+            f"torch.load(f, map_location='{NAME}').")
+
 
 if torch._C._get_privateuse1_backend_name() != NAME:
     _setup_privateuseone_for_python_backend(NAME, backend_module=_BackendModule(f"torch.{NAME}"))
