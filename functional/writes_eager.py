@@ -33,6 +33,7 @@ import torch
 from torch._decomp import global_decomposition_table
 
 from xla_compat import _jax
+from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
 from xla_compat.lazy.ir import Slot
 from xla_compat.lazy.tensor import LazyTensor
@@ -79,7 +80,7 @@ def _written_cast(cls, func, args, kwargs):
     # out= of another tensor: unknown here, so the cast result, as the write would have left it).
     value = old if old is not None else tracer.convert(x._value, _jax.to_jax_dtype(dtype),
                                                        tuple(x.shape))
-    torch._C.TensorBase.data.__set__(
+    _core_tensor.take_geometry(
         x, cls(value, tuple(x.shape), dtype, x.stride(), x.storage_offset()))
     x._value = value
     raise RuntimeError(

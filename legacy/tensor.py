@@ -126,7 +126,7 @@ class LegacyTensor(LazyTensor):
                 f"xla_compat: cannot assign a {type(new).__name__} to .data of a legacy-path "
                 f"tensor; move it with xc.to_path(tensor, 'legacy') (or .to('hlo') inside "
                 f"xc.use_path('legacy')) first")
-        torch._C.TensorBase.data.__set__(self, new)
+        _core_tensor.take_geometry(self, new)
         self._join(new)
 
 def legacy_tensors() -> list:

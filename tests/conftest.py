@@ -9,6 +9,11 @@ import torch
 
 import xla_compat as xc
 from xla_compat import paths
+from xla_compat.lazy import tracer
+
+# Every test also checks that no device tensor's metadata changed behind the trace plans' back
+# (a stale cached geometry raises instead of replaying a wrong plan).
+tracer.CHECK_GEOMETRY = True
 
 # The two paths users migrate between. A path package registers itself when imported.
 # XLA_COMPAT_TEST_PATHS=core,... narrows the set while developing.

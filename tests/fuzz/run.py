@@ -15,6 +15,8 @@ import warnings
 
 from hypothesis import HealthCheck, Phase, find, given, settings
 
+from xla_compat.lazy import tracer
+
 from .check import KnownIssue, check
 from .programs import programs
 
@@ -89,6 +91,9 @@ def report(examples, stats, known, failures, seconds) -> str:
         lines += ["", f"### {kind}", "", "```", message[:2000], "```", "", "```python",
                   program.to_source(), "```"]
     return "\n".join(lines) + "\n"
+
+
+tracer.CHECK_GEOMETRY = True     # a stale cached tensor geometry raises (see tracer.replay)
 
 
 def main(argv=None) -> int:

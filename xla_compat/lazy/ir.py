@@ -207,13 +207,64 @@ def skip_frames_in(directory: str) -> None:
     """Treat frames under ``directory`` as library code when looking for the user's line."""
     global _SKIP
     _SKIP = _SKIP + (os.path.abspath(directory) + os.sep,)
+    _LIBRARY_FILE.clear()
+
+
+# filename -> is it library code (a frame to skip)? Filenames hash once (str caches its hash).
+_LIBRARY_FILE: dict = {}
+
+
+class Source(tuple):
+    """Where a node was created: reads as ``(filename, line, function)``.
+
+    Stored as the frame's code object and instruction offset; the line number is worked out
+    only when asked for (errors, dumps, dual-run reports), not on every traced op."""
+
+    __slots__ = ()
+
+    def _resolve(self) -> tuple:
+        code, lasti = tuple.__getitem__(self, 0), tuple.__getitem__(self, 1)
+        line = None
+        for start, end, n in code.co_lines():
+            if start <= lasti < end:
+                line = n
+                break
+        return (code.co_filename, line, code.co_name)
+
+    def __getitem__(self, i):
+        return self._resolve()[i]
+
+    def __iter__(self):
+        return iter(self._resolve())
+
+    def __len__(self) -> int:
+        return 3
+
+    def __eq__(self, other):
+        return tuple(self) == tuple(other) if isinstance(other, tuple) else NotImplemented
+
+    def __hash__(self):
+        return hash(tuple(self))
+
+    def __repr__(self):
+        return repr(self._resolve())
+
+
+_new_source = tuple.__new__
 
 
 def user_frame():
+    """The user's frame that is tracing (the first outside torch and the library), as a
+    ``Source``."""
     f = sys._getframe(2)
+    library = _LIBRARY_FILE
     while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith(_SKIP) and not name.startswith("<"):
-            return (name, f.f_lineno, f.f_code.co_name)
+        code = f.f_code
+        name = code.co_filename
+        skip = library.get(name)
+        if skip is None:
+            skip = library[name] = name.startswith(_SKIP) or name.startswith("<")
+        if not skip:
+            return _new_source(Source, (code, f.f_lasti))
         f = f.f_back
     return None

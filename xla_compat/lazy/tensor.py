@@ -16,6 +16,8 @@ from .ir import Value
 from .weakreg import WeakRegistry
 
 DEVICE = torch.device("hlo", 0)
+_wrapper = torch.Tensor._make_wrapper_subclass
+_STRIDED = torch.strided
 
 # Every live LazyTensor by id; a sync looks here for tensors with pending IR.
 _live = WeakRegistry()
@@ -28,6 +30,7 @@ class LazyTensor(torch.Tensor):
     """A device tensor whose value is an IR ``Value``; nothing runs until a sync."""
 
     path_name = "core"
+    _geo = None           # (shape, strides, dtype, offset), cached for trace-plan keys
     _sharding = None      # a sharding.ShardingSpec once xc.mark_sharding laid the tensor out
     _core_registry = True  # listed in live_tensors(); False for paths that keep their own list
 
@@ -36,17 +39,14 @@ class LazyTensor(torch.Tensor):
                 requires_grad=False):
         if strides is None:
             storage_offset = None
-        t = torch.Tensor._make_wrapper_subclass(
-            cls, shape, strides=strides, storage_offset=storage_offset, dtype=dtype,
-            device=DEVICE, requires_grad=requires_grad)
+        # Positional: the keyword form costs a fifth more, on every traced op's result.
+        t = _wrapper(cls, shape, strides, storage_offset, None, dtype, _STRIDED, DEVICE, False,
+                     requires_grad)
         t._value = value
-        t._last_data = value if value.node.is_leaf else None
+        t._last_data = value if value.node.rule is None else None
         if cls._core_registry:
             _live.add(id(t), t)
         return t
-
-    def __init__(self, *args, **kwargs):
-        pass
 
     # torch's default for dispatch subclasses: no Python call per torch function (shape and
     # stride reads included). Paths that need a torch-function hook install their own.
@@ -86,7 +86,7 @@ class LazyTensor(torch.Tensor):
     @data.setter
     def data(self, new):
         # The C++ setter copies sizes and strides; the IR value lives on the Python object.
-        torch._C.TensorBase.data.__set__(self, new)
+        take_geometry(self, new)
         self._value = new._value
         self._last_data = getattr(new, "_last_data", None)
 
@@ -109,6 +109,15 @@ class LazyTensor(torch.Tensor):
 
     def __deepcopy__(self, memo):
         return device_deepcopy(self, memo)
+
+def take_geometry(t: torch.Tensor, new: torch.Tensor) -> None:
+    """``t`` takes ``new``'s sizes, strides, storage offset and dtype (the C++ ``.data`` setter).
+
+    Every change of a device tensor's metadata goes through here: the tracer caches a tensor's
+    geometry on it (``_geo``, the trace-plan key) and this forgets it."""
+    torch._C.TensorBase.data.__set__(t, new)
+    t._geo = None
+
 
 def device_deepcopy(t: torch.Tensor, memo: dict) -> torch.Tensor:
     """``copy.deepcopy`` of a device tensor: a detached clone keeping ``requires_grad``."""

@@ -512,11 +512,13 @@ def trace(cls, func, args, kwargs):
 class Plan:
     """What ``trace`` did for one op and argument geometry, to be done again."""
 
-    __slots__ = ("op", "rule", "args", "kinds", "avals", "outs", "single", "sig")
+    __slots__ = ("op", "rule", "args", "kinds", "avals", "outs", "single", "sig", "geos")
 
     def __init__(self, op, rule, args, kinds, avals, outs, single, sig):
         self.op, self.rule, self.args, self.kinds = op, rule, args, kinds
         self.avals, self.outs, self.single, self.sig = avals, outs, single, sig
+        # each output's geometry as a plan key holds it (see _geometry_of)
+        self.geos = tuple((tuple(m.shape), tuple(m.stride), m.dtype, m.offset) for m in outs)
 
 
 _TENSOR, _SCALAR = 1, 2         # plan argument kinds (0: static, already in the template)
@@ -531,7 +533,7 @@ def _plan_key(cls, func, args):
     for x in args:
         tx = type(x)
         if tx is cls:
-            parts.append((x.shape, x.stride(), x.dtype, x.storage_offset()))
+            parts.append(_geometry_of(x))
         elif tx in _NUMBER:
             parts.append((tx, x))
         elif x is None or tx is torch.dtype:
@@ -573,9 +575,26 @@ def forget_plans() -> None:
 
 
 def replay(cls, func, args):
-    """The result of ``trace(cls, func, args, {})`` from its plan, or None without one."""
-    key = _plan_key(cls, func, args)
-    plan = _PLANS.get(key) if key is not None else None
+    """The result of ``trace(cls, func, args, {})`` from its plan, or None without one.
+
+    The key is ``_plan_key``'s, built inline: this runs once per traced op."""
+    parts = [id(func), cls]
+    for x in args:
+        tx = type(x)
+        if tx is cls:
+            g = x._geo
+            if g is None or CHECK_GEOMETRY:
+                g = _geometry_of(x)
+            parts.append(g)
+        elif tx in _NUMBER:
+            parts.append((tx, x))
+        elif x is None or tx is torch.dtype:
+            parts.append(x)
+        elif (tx is list or tx is tuple) and all(type(e) is int for e in x):
+            parts.append((tx, tuple(x)))
+        else:
+            return None
+    plan = _PLANS.get(tuple(parts))
     if plan is None:
         return None
     with lock:
@@ -583,20 +602,44 @@ def replay(cls, func, args):
         for kind, x in zip(plan.kinds, args):
             if kind == _TENSOR:
                 v = x._value
-                if type(v.node) is ir.Poisoned:
+                if type(v.node) is _POISONED:
                     raise v.node.error
                 inputs.append(v)
             elif kind == _SCALAR:
                 inputs.append(Value(ScalarParam(x), 0))
-        source = ir.user_frame() if settings.get().ir_debug else None
-        node = Node(plan.op, plan.rule, plan.args, (), tuple(inputs), plan.avals, source,
-                    plan.sig)
-        metrics.bump("IrNodes")
+        node = Node(plan.op, plan.rule, plan.args, (), tuple(inputs), plan.avals,
+                    ir.user_frame() if settings.get().ir_debug else None, plan.sig)
+        _counters["IrNodes"] += 1         # metrics.bump, inline (the tracer lock is held)
         if plan.single:
             m = plan.outs[0]
-            return cls(Value(node, 0), m.shape, m.dtype, m.stride, m.offset)
-        return tuple(cls(Value(node, i), m.shape, m.dtype, m.stride, m.offset)
-                     for i, m in enumerate(plan.outs))
+            t = cls(Value(node, 0), m.shape, m.dtype, m.stride, m.offset)
+            t._geo = plan.geos[0]
+            return t
+        outs = []
+        for i, m in enumerate(plan.outs):
+            t = cls(Value(node, i), m.shape, m.dtype, m.stride, m.offset)
+            t._geo = plan.geos[i]
+            outs.append(t)
+        return tuple(outs)
+
+
+# A tensor's geometry is cached on it (``_geo``, set from its plan or at first use, forgotten by
+# ``tensor.take_geometry``). With CHECK_GEOMETRY (on in the test suite) every use recomputes it
+# and a stale cache raises: a metadata change that bypassed take_geometry would pick wrong plans.
+CHECK_GEOMETRY = False
+
+
+def _geometry_of(x) -> tuple:
+    g = (tuple(x.shape), x.stride(), x.dtype, x.storage_offset())
+    if CHECK_GEOMETRY and x._geo is not None and x._geo != g:
+        raise AssertionError(f"xla_compat: stale cached geometry {x._geo} on a tensor that is "
+                             f"now {g}; its metadata changed without tensor.take_geometry")
+    x._geo = g
+    return g
+
+
+_POISONED = ir.Poisoned
+_counters = metrics._counters
 
 
 @functools.lru_cache(maxsize=None)
@@ -765,7 +808,7 @@ def rebind(tensor: LazyTensor, value: Value) -> None:
 def resize(tensor: LazyTensor, shape) -> None:
     """Give a wrapper tensor new sizes (contiguous strides) in place."""
     probe = type(tensor)(tensor._value, shape, tensor.dtype)
-    torch._C.TensorBase.data.__set__(tensor, probe)
+    _tensor.take_geometry(tensor, probe)
 
 
 def convert(value: Value, dtype, shape) -> Value:
