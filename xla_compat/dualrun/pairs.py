@@ -327,6 +327,10 @@ class Lockstep:
         session when None) and of the shadow's probes, abstractly. A lowering that raises is
         recorded and the shadow dropped (``_drop_shadow``), so the sync that follows runs the
         authoritative path alone instead of raising the shadow's error to the caller."""
+        with lock:
+            self._check_shadow(tensors)
+
+    def _check_shadow(self, tensors) -> None:
         if self.shadow_failure:
             return
         pairs = list(self.pairs) if tensors is None else [t for t in tensors
