@@ -8,6 +8,7 @@ tensor's own chain. Every other op goes to the core tracer, which reads inputs t
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -43,6 +44,10 @@ def dispatch(func, args, kwargs):
             return handler(func, args, kwargs)
         if func._schema.is_mutable:
             check_overlapping_write(func, args, kwargs)
+            plan = out_plan(func)
+            if plan is not None and all(isinstance(t, LegacyTensor) for t in
+                                        _written(tracer._bind(func, args, kwargs), plan.names)):
+                return run_out_op(func, plan, args, kwargs)
             resize_outs(func, args, kwargs)
         return tracer.trace(LegacyTensor, func, args, kwargs)
 
@@ -393,9 +398,100 @@ def _eager_probe(func, args, kwargs) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# out= tensors of another shape: eager resizes them; here they become fresh storages.
+# out= ops, run as functionalization runs them: eager's checks from the out= overload's meta
+# kernel (where it has one), the functional op, then each result written into its out tensor
+# (resized first where its shape differs, as eager resizes it). Tracing the out= overload itself
+# would need its meta kernel (masked_select.out, nonzero.out, geqrf.a have none) and a rule
+# that takes out= (a rule registered on a whole packet also lands on its .out overloads).
+
+class OutPlan(NamedTuple):
+    """How to run an out= op: its out= argument names, the other arguments it writes (running
+    statistics of a batch norm), and its functional variant."""
+
+    names: tuple
+    others: tuple
+    functional: object
+
+
+@functools.lru_cache(maxsize=None)
+def out_plan(func) -> OutPlan | None:
+    """The plan of an op that writes keyword out= arguments and returns them; None for every
+    other op (in-place ops, factories' out= overloads without a functional variant). Other
+    written arguments are allowed where the functional variant is a ``*_functional`` op, which
+    returns their new values after the op's own results."""
+    names, fresh, functional = tracer.mutation_info(func)
+    outs = tuple(a.name for a in func._schema.arguments
+                 if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+    if not outs or fresh or functional is None:
+        return None
+    others = tuple(n for n in names if n not in outs)
+    if others and not functional._schema.name.endswith("_functional"):
+        return None
+    return OutPlan(outs, others, functional)
+
+
+def _written(bound, names) -> list:
+    out = []
+    for n in names:
+        v = bound.get(n)
+        out += list(v) if isinstance(v, (list, tuple)) else [v]
+    return out
+
+
+def run_out_op(func, plan: OutPlan, args, kwargs):
+    try:
+        tracer.meta(func, args, kwargs)     # eager's errors (dtypes, shapes) for this out=
+    except NotImplementedError:             # no meta kernel: the functional op checks inputs
+        pass
+    f_kwargs = {k: v for k, v in kwargs.items() if k not in plan.names}
+    bound = tracer._bind(func, args, kwargs)
+    outs = _written(bound, plan.names)
+    targets = outs + _written(bound, plan.others)
+    if not plan.others:
+        tracer.check_result_cast(func, plan.functional, (args, f_kwargs), outs)
+    results = plan.functional(*args, **f_kwargs)
+    flat = tracer._flat_tensors(results)
+    if len(flat) != len(targets):
+        raise NotImplementedError(
+            f"xla_compat: {func} writes {len(targets)} tensors but its functional variant "
+            f"{plan.functional} returned {len(flat)} results; the legacy path cannot pair them. "
+            f"Call {plan.functional} without out= and copy_ the results instead")
+    for t, r in zip(targets, flat):
+        if t is None or r is None:
+            continue
+        if tuple(t.shape) != tuple(r.shape):
+            resize_out(t, r.shape)
+        t.copy_(r)
+    return _out_returns(func, args, kwargs)
+
+
+def _out_returns(func, args, kwargs):
+    """The out= op's returns: the out arguments they alias (schema alias sets)."""
+    returns = func._schema.returns
+    if not returns:
+        return None
+    bound = tracer._bind(func, args, kwargs)
+    by_set = {s: bound[a.name] for a in func._schema.arguments
+              if a.alias_info is not None and a.alias_info.is_write
+              for s in a.alias_info.before_set}
+    outs = tuple(by_set[next(iter(r.alias_info.before_set))] for r in returns)
+    return outs[0] if len(outs) == 1 else outs
+
+
+def resize_out(t: LegacyTensor, shape) -> None:
+    """Eager's ``resize_`` of an out= tensor: within its storage it stays a member (contiguous
+    strides from its offset); a larger one gets a fresh storage, which eager would grow in
+    place (other views of the old storage keep the old one here)."""
+    shape = tuple(int(s) for s in shape)
+    numel = int(np.prod(shape, dtype=np.int64))
+    if numel and t.storage_offset() + numel <= storage_elements(t):
+        _resize(aten.resize_.default, (t, shape), {})
+    else:
+        restride(t, _fresh(shape, t.dtype))
+
 
 def resize_outs(func, args, kwargs) -> None:
+    """out= tensors of another shape (ops traced through their out= overload): resized."""
     outs = [a.name for a in func._schema.arguments
             if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
     if not any(isinstance(kwargs.get(n), LegacyTensor) for n in outs):
@@ -404,7 +500,7 @@ def resize_outs(func, args, kwargs) -> None:
     flat = tracer._flat_tensors((args, list(kwargs.values())))
     for i, t in enumerate(flat):
         if isinstance(t, LegacyTensor) and i in after and tuple(after[i].shape) != tuple(t.shape):
-            restride(t, _fresh(after[i].shape, t.dtype))
+            resize_out(t, after[i].shape)
 
 
 def _fresh(shape, dtype) -> LegacyTensor:

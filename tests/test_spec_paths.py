@@ -246,18 +246,10 @@ OUT_OPS = {
     "special_i0e": (lambda x, out: torch.special.i0e(x, out=out), lambda x: x.shape),
     "masked_select": (lambda x, out: torch.masked_select(x, x > 0, out=out), lambda x: (0,)),
 }
-OUT_GAPS = {
-    "kron": "open (legacy): kron(out=) leaves out unchanged (zeros)",
-    "digamma": "open (legacy): the .out overload's lowering is called with out= (LoweringError)",
-    "special_i0e": "open (legacy): the .out lowering gets an out= kwarg (LoweringError)",
-    "masked_select": "open (legacy): masked_select.out has no meta kernel (NotImplementedError)",
-}
 
 
 @pytest.mark.parametrize("name", sorted(OUT_OPS))
-def test_out_variant_writes_like_eager(path, dev, name, request):
-    if path == "legacy" and name in OUT_GAPS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=OUT_GAPS[name]))
+def test_out_variant_writes_like_eager(path, dev, name):
     op, out_shape = OUT_OPS[name]
     torch.manual_seed(0)
     x = torch.randn(3, 4)
