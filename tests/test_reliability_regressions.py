@@ -216,18 +216,13 @@ def test_strides_after_an_in_place_write_through_a_transposed_view_match_eager(p
 
 
 def test_as_strided_of_a_view_past_its_elements(path, dev):
-    # Fuzz (Dec 2): eager reads the base's storage; upstream functionalization (views removed)
-    # cannot, so the functional path says so and names the way out; legacy computes it.
+    # Fuzz (Dec 2): eager reads the base's storage. The functional path used to refuse (views
+    # are gone after functionalization); it now takes as_strided of a view on the view's base.
     cpu = torch.arange(4.).reshape(2, 2)
     want = cpu.select(0, 0).as_strided((1,), (0,), 2)
     t = cpu.to(dev)
-    if path == "functional":
-        from xla_compat.functional.writes import FunctionalizationLimit
-        with pytest.raises(FunctionalizationLimit, match="call as_strided on the base"):
-            t.select(0, 0).as_strided((1,), (0,), 2)
-        assert torch.equal(t.as_strided((1,), (0,), 2).cpu(), want)
-    else:
-        assert torch.equal(t.select(0, 0).as_strided((1,), (0,), 2).cpu(), want)
+    assert torch.equal(t.select(0, 0).as_strided((1,), (0,), 2).cpu(), want)
+    assert torch.equal(t.as_strided((1,), (0,), 2).cpu(), want)
     assert torch.equal(t.cpu(), cpu)
 
 
