@@ -321,3 +321,29 @@ def test_under_lockstep_a_captured_step_runs_traced_op_by_op(dev):
             assert_same(step(model, opt, x.to(dev), y.to(dev)), want)
     assert step.stats["replays"] == 0 and step.stats["traced"] == 3
     assert "lockstep" in step.reason
+
+
+@pytest.mark.parametrize("horizon", [10_000, 0])
+def test_a_short_steps_numbers_are_compiled_in_where_that_pays(path, dev, monkeypatch, horizon):
+    """A recorded step's Python numbers never change between replays (the guards see to it), so
+    a step that compiles quickly gets them compiled in as constants; with no horizon they stay
+    device scalars. The values are the same either way."""
+    from xla_compat import capture
+    monkeypatch.setattr(capture, "BAKE_HORIZON", horizon)
+    x_cpu = torch.randn(8, 8)
+    state = {"x": x_cpu.to(dev)}
+
+    @xc.compile
+    def step(state):
+        x = state["x"]
+        x.copy_(torch.tanh(x * 0.5 - 0.25) + 1.0)
+
+    before = met.counter_value("CaptureConstantsCompiledIn") or 0
+    want = x_cpu
+    for _ in range(4):
+        step(state)
+        xc.sync()
+        want = torch.tanh(want * 0.5 - 0.25) + 1.0
+        assert_same(state["x"], want)
+    baked = (met.counter_value("CaptureConstantsCompiledIn") or 0) - before
+    assert (baked > 0) == (horizon > 0)

@@ -233,11 +233,16 @@ class ReplayRule:
     executable compiled for it (``direct`` returns it when the replay graph passes the inputs
     in the recorded order and donates the same buffers)."""
 
-    def __init__(self, graph, compiled):
+    def __init__(self, graph, compiled, consts=None):
         self.fn = executor.build_function(graph)
         self.compiled = compiled
         self.donate = graph.donate
         self.n_inputs = len(graph.leaves)
+        if consts:            # numbers compiled in: the node takes the other inputs
+            self.fn, keep = executor.with_constants(self.fn, self.n_inputs, consts)
+            position = {i: k for k, i in enumerate(keep)}
+            self.donate = tuple(position[d] for d in graph.donate)
+            self.n_inputs = len(keep)
         self.template = tuple(Slot(i) for i in range(self.n_inputs))   # the node's arguments
 
     def __call__(self, *ins):
@@ -374,8 +379,35 @@ def _record(fn, args, kwargs, extra, slots):
 
     marked = mark(result)
     avals = tuple(v.aval for v in graph.roots)
-    return result, Recording(ReplayRule(graph, compiled), inputs, avals, writes, clears,
-                                  marked, rng_out)
+    rule, inputs = _replay_rule(graph, compiled, inputs)
+    return result, Recording(rule, inputs, avals, writes, clears, marked, rng_out)
+
+
+# A number passed to an executable costs about this much per run (jax converts and passes it);
+# the recorded step's numbers are compiled in when that saves its compile time within
+# BAKE_HORIZON replays (a short elementwise step: yes; a training step that compiles for
+# seconds: no, its few numbers cost little next to it).
+PER_NUMBER_NS = 2_500
+BAKE_HORIZON = 10_000
+
+
+def _replay_rule(graph, compiled, inputs: list):
+    """The replay rule, and the node's inputs: the recorded graph's numbers (the guards keep
+    them unchanged) compiled in as constants where that pays, else passed as device scalars."""
+    numbers = {i: leaf.value for i, leaf in enumerate(graph.leaves)
+               if type(leaf) is ScalarParam}
+    compile_ns = getattr(compiled, "xla_compat_compile_ns", None)
+    if (not numbers or graph.mesh is not None
+            or (compile_ns is not None and len(numbers) * PER_NUMBER_NS * BAKE_HORIZON
+                <= compile_ns)):
+        return ReplayRule(graph, compiled), inputs
+    structs = [None if i in numbers else jax.ShapeDtypeStruct(leaf.avals[0].shape,
+                                                              leaf.avals[0].dtype)
+               for i, leaf in enumerate(graph.leaves)]
+    baked = executor.compile_graph(graph, structs, baked=numbers)
+    metrics.inc("CaptureConstantsCompiledIn", len(numbers))
+    kept = [entry for i, entry in enumerate(inputs) if i not in numbers]
+    return ReplayRule(graph, baked, consts=numbers), kept
 
 
 # ----------------------------------------------------------------------------------------------

@@ -367,17 +367,52 @@ def _jit(graph: Graph, fn):
     return jax.jit(fn, donate_argnums=graph.donate, in_shardings=ins, out_shardings=outs)
 
 
-def compile_graph(graph: Graph, params: list):
+def compile_graph(graph: Graph, params: list, baked: dict | None = None):
+    """The graph compiled for ``params`` (arrays, or jax.ShapeDtypeStructs: only their shapes
+    and dtypes matter). ``baked`` ({parameter position: number}) compiles those parameters in
+    as constants; the executable then takes the other parameters, in order. The executable
+    remembers its compile time (``xla_compat_compile_ns``)."""
     fn = build_function(graph)
     start = time.perf_counter_ns()
+    if baked:
+        fn, params, graph = _bake(graph, fn, params, baked)
     jitted = _jit(graph, fn)
     lowered = jitted.lower(*params)
     compiled = lowered.compile()
-    metrics.sample("CompileTime", time.perf_counter_ns() - start)
+    elapsed = time.perf_counter_ns() - start
+    metrics.sample("CompileTime", elapsed)
+    compiled.xla_compat_compile_ns = elapsed
     dump = settings.get().dump_path
     if dump:
         _dump(dump, graph, lowered)
     return compiled
+
+
+def _bake(graph: Graph, fn, params: list, baked: dict):
+    """``fn`` with the ``baked`` parameters as constants, the remaining parameters, and a graph
+    whose donated positions count only those."""
+    import dataclasses
+    specialised, keep = with_constants(fn, len(params), baked)
+    position = {i: k for k, i in enumerate(keep)}
+    donate = tuple(position[d] for d in graph.donate)
+    return specialised, [params[i] for i in keep], dataclasses.replace(graph, donate=donate)
+
+
+def with_constants(fn, n: int, consts: dict):
+    """(``fn`` of its ``n`` parameters with ``consts`` ({position: number}) filled in, taking the
+    others in order; the positions it takes)."""
+    import jax.numpy as jnp
+    keep = [i for i in range(n) if i not in consts]
+
+    def specialised(*kept):
+        full = [None] * n
+        for i, x in zip(keep, kept):
+            full[i] = x
+        for p, c in consts.items():
+            # a Python number becomes a literal of the program, weakly typed like the parameter
+            full[p] = jnp.asarray(c)
+        return fn(*full)
+    return specialised, keep
 
 
 def _dump(path: str, graph: Graph, lowered) -> None:
