@@ -153,18 +153,12 @@ def test_accumulating_op_rounds_once_like_eager(path, dev, name, dtype):
         assert (got != exp).float().mean() < 0.05, f"{name}: more than 5% of elements differ"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open (elementwise.xlogy rule): eager's xlogy kernel computes in the tensor's dtype "
-    "(x * log(y) with log(y) rounded first), not in float32 opmath"))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_xlogy_rounds_log_first_like_eager(path, dev, dtype):
     x, y = _inputs(dtype, 2)
     assert_bitwise(torch.xlogy(x.to(dev), y.abs().to(dev)), torch.xlogy(x, y.abs()))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open (elementwise.addcdiv rule): eager computes x + value * t1 / t2 left to right, "
-    "(value * t1) / t2; the rule divides first"))
 def test_addcdiv_multiplies_before_dividing_like_eager(path, dev):
     x, y = _inputs(torch.float16, 2)
     fn = lambda a, b: torch.addcdiv(a, a, b, value=0.3)  # noqa: E731

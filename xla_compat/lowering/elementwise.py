@@ -312,7 +312,7 @@ def addcmul(x, t1, t2, *, value=1, aval):
 def addcdiv(x, t1, t2, *, value=1, aval):
     acc = compute_dtype(aval.dtype)
     x, t1, t2 = to(acc, x, t1, t2)
-    return cast(x + cast(value, acc) * (t1 / t2), aval.dtype)
+    return cast(x + cast(value, acc) * t1 / t2, aval.dtype)     # eager: (value * t1) / t2
 
 
 # -- comparisons and logic -------------------------------------------------------------------------
@@ -564,6 +564,14 @@ def logit(x, eps=None):
 
 @lowering(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other, meta=True)
 def xlogy(x, y, *, aval):
-    x, y = to(aval.dtype, x, y)
+    from . import opmath
+    dt = aval.dtype
+    if dt in opmath.LOW:
+        # eager's float16/bfloat16 kernel rounds log(y) to the dtype before multiplying
+        x, y = to(jnp.float32, x, y)
+        log_y = opmath.round_to(jnp.log(y), dt).astype(jnp.float32)
+        out = jnp.where(jnp.isnan(y), jnp.nan, jnp.where(x == 0, 0.0, x * log_y))
+        return opmath.round_to(out, dt)
+    x, y = to(dt, x, y)
     return jax.scipy.special.xlogy(x, y)
 

@@ -84,7 +84,7 @@ _WIDEN_NAMES = frozenset({
 # Rules that spell out eager's own roundings for float16/bfloat16 (they look at aval.dtype), or
 # whose result depends on the dtype's range or spacing.
 _OWN_ROUNDING = frozenset({
-    "addr", "linalg_cross", "nan_to_num", "nextafter", "frexp", "ldexp",
+    "addr", "linalg_cross", "nan_to_num", "nextafter", "frexp", "ldexp", "xlogy",
 })
 
 # Kernels that read a scalar operand in float32 without rounding it to the tensor's dtype first
