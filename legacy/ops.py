@@ -441,8 +441,9 @@ def _written(bound, names) -> list:
 def run_out_op(func, plan: OutPlan, args, kwargs):
     try:
         tracer.meta(func, args, kwargs)     # eager's errors (dtypes, shapes) for this out=
-    except NotImplementedError:             # no meta kernel: the functional op checks inputs
-        pass
+        checked = True
+    except NotImplementedError:             # no meta kernel: the functional op checks inputs,
+        checked = False                     # the result's dtype is checked below
     f_kwargs = {k: v for k, v in kwargs.items() if k not in plan.names}
     bound = tracer._bind(func, args, kwargs)
     outs = _written(bound, plan.names)
@@ -459,6 +460,11 @@ def run_out_op(func, plan: OutPlan, args, kwargs):
     for t, r in zip(targets, flat):
         if t is None or r is None:
             continue
+        if not checked and not torch.can_cast(r.dtype, t.dtype):
+            raise RuntimeError(
+                f"result type {tracer._type_name(r.dtype)} can't be cast to the desired output "
+                f"type {tracer._type_name(t.dtype)}\n  (xla_compat: raised by {func} with inputs "
+                f"{tracer.describe((args, list(kwargs.values())))})")
         if tuple(t.shape) != tuple(r.shape):
             resize_out(t, r.shape)
         t.copy_(r)
