@@ -69,10 +69,24 @@ class Alias:
         base = self.flush()
         if not chain:
             return base
+        just = self._just_written(chain)
+        if just is not None and just.aval == aval:
+            return just                   # a read of what was just written there: that value
         return _node("legacy.view", views.ReadChain(chain), (base,), aval)
+
+    def _just_written(self, chain: tuple):
+        """The value the base's last write put through ``chain`` (an injective one), when that
+        write is the base's newest node; else None."""
+        node = self.base.node
+        if (node.op == "legacy.write" and node.rule.chain == chain
+                and views.injective(chain)):
+            return node.inputs[1]
+        return None
 
     def record(self, chain: tuple, value: Value) -> int:
         """A member reached through ``chain`` now holds ``value``; returns the new generation."""
+        if chain and not self.pending and self._just_written(chain) == value:
+            return self.gen               # writing back what is there (``v += 1`` then ``x[i] = v``)
         if not chain:                      # the whole storage is overwritten
             self.pending.clear()
             self.base = value

@@ -291,6 +291,10 @@ class Bitcast(ViewStep):
 # Chains.
 
 def read(base, chain: tuple):
+    from . import boxes
+    box = boxes.box_of(chain, base.shape)
+    if box is not None:               # permutes, selects and slices: one box of the base
+        return boxes.read(base, box)
     for step in chain:
         base = step.apply(base)
     return base
@@ -306,6 +310,10 @@ def write(base, chain: tuple, value):
         return value.astype(base.dtype)
     if not injective(chain):
         return scatter_through(base, chain, value)
+    from . import boxes
+    box = boxes.box_of(chain, base.shape)
+    if box is not None:               # one update of the base, no whole-base transposes
+        return boxes.write(base, box, value)
     inner = [base]
     for step in chain[:-1]:
         inner.append(step.apply(inner[-1]))

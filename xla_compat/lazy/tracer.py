@@ -995,6 +995,8 @@ def copy_into(dst, src):
         dst._value = ir.leaf(_jax.from_torch(host))
         dst._last_data = dst._value
         return dst
+    if (src.dtype == dst.dtype and src.shape == dst.shape and src._value == dst._value):
+        return dst        # it already holds that value (``v += 1`` then ``x[i] = v`` writes v back)
     res = functional_results(cls, aten.copy_.default, (dst, src), {})
     for tensor, value in res[2]:
         rebind(tensor, value)
