@@ -163,3 +163,13 @@ def test_addcdiv_multiplies_before_dividing_like_eager(path, dev):
     x, y = _inputs(torch.float16, 2)
     fn = lambda a, b: torch.addcdiv(a, a, b, value=0.3)  # noqa: E731
     assert_bitwise(fn(x.to(dev), y.to(dev)), fn(x, y))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("exponent", [2, 3, 4, 5, -1, -2, -3, 0.5, -0.5, 1.7, 0, 1])
+def test_pow_by_a_number_rounds_like_eager(path, dev, dtype, exponent):
+    """Eager special-cases 2, 3, -1, -2, +-0.5 (bfloat16 rounds x*x before the third factor,
+    float16 does not) and computes other exponents, rounded to the dtype, in one float32 pow."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2048, generator=g) * 3).to(dtype)
+    assert_bitwise(torch.pow(x.to(dev), exponent), torch.pow(x, exponent))

@@ -228,6 +228,9 @@ def _powi(x, y):
 def pow_ts(x, exponent, *, aval):
     # Eager multiplies out small integer powers in the tensor's dtype (x*x*x, 1/(x*x)) and
     # computes other powers in float32 for bfloat16, rounding once.
+    from . import opmath
+    if aval.dtype in opmath.LOW:
+        return _pow_low(x, exponent, aval.dtype)
     x = cast(x, aval.dtype)
     if isinstance(exponent, int) and not isinstance(exponent, bool):
         if exponent >= 0 or is_float(aval.dtype):
@@ -236,6 +239,34 @@ def pow_ts(x, exponent, *, aval):
     if exponent == 0.5 and is_float(aval.dtype):
         return cast(jnp.sqrt(cast(x, compute_dtype(aval.dtype))), aval.dtype)
     return _pow(x, cast(exponent, aval.dtype))
+
+
+def _pow_low(x, exponent, dt):
+    """float16/bfloat16 ``x ** exponent`` as eager's kernel computes it: 2, 3, -1, -2, 0.5 and
+    -0.5 special-cased (for bfloat16 each operation rounded: x*x*x is two roundings); any other
+    exponent rounded to the dtype, then one float32 power, rounded once."""
+    from .opmath import round_to
+    f32 = jnp.float32
+
+    def r(v):
+        # bfloat16 rounds each operation (its kernel works on Vectorized<BFloat16>); float16's
+        # multiplies out in float32 and rounds once (checked against eager bit for bit)
+        return round_to(v, dt).astype(f32) if dt == jnp.bfloat16 else v
+    x = cast(x, dt).astype(f32)
+    if exponent == 2:
+        return round_to(x * x, dt)
+    if exponent == 3:
+        return round_to(r(x * x) * x, dt)
+    if exponent == -1:
+        return round_to(1.0 / x, dt)
+    if exponent == -2:
+        return round_to(1.0 / r(x * x), dt)
+    if exponent == 0.5:
+        return round_to(jnp.sqrt(x), dt)
+    if exponent == -0.5:
+        return round_to(lax.rsqrt(x), dt)
+    e = round_to(jnp.asarray(exponent, f32), dt).astype(f32)
+    return round_to(jnp.power(x, e), dt)
 
 
 @lowering(aten.pow.Scalar, meta=True)

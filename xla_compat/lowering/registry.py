@@ -36,8 +36,13 @@ def lowering(*ops, meta: bool = False, static: bool = False, random: bool = Fals
 
     def register(fn):
         for op in ops:
-            overloads = [getattr(op, n) for n in op.overloads()] if isinstance(
-                op, torch._ops.OpOverloadPacket) else [op]
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                # a whole packet: not its out= overloads (the rule takes no out= argument;
+                # they trace through their functional variant), which must be named to register
+                overloads = [getattr(op, n) for n in op.overloads()]
+                overloads = [ov for ov in overloads if not _writes_out(ov)]
+            else:
+                overloads = [op]
             for ov in overloads:
                 if ov in _RULES:
                     _forget_plans()
@@ -46,6 +51,11 @@ def lowering(*ops, meta: bool = False, static: bool = False, random: bool = Fals
         return fn
 
     return register
+
+
+def _writes_out(ov) -> bool:
+    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+               for a in ov._schema.arguments)
 
 
 def _forget_plans() -> None:
