@@ -44,12 +44,42 @@ def dispatch(func, args, kwargs):
             return handler(func, args, kwargs)
         if func._schema.is_mutable:
             check_overlapping_write(func, args, kwargs)
+            if func is aten.index_put_.default and _accumulates_into_overlap(args, kwargs):
+                return index_put_accumulate_overlapping(args, kwargs)
             plan = out_plan(func)
             if plan is not None and all(isinstance(t, LegacyTensor) for t in
                                         _written(tracer._bind(func, args, kwargs), plan.names)):
                 return run_out_op(func, plan, args, kwargs)
             resize_outs(func, args, kwargs)
         return tracer.trace(LegacyTensor, func, args, kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Accumulating writes into a view whose elements overlap.
+
+def _accumulates_into_overlap(args, kwargs) -> bool:
+    x = args[0]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    return (bool(accumulate) and isinstance(x, LegacyTensor) and not views.injective(x._chain)
+            and all(step.keeps_elements for step in x._chain))
+
+
+def index_put_accumulate_overlapping(args, kwargs):
+    """``v.index_put_(indices, values, accumulate=True)`` on a view whose elements share
+    storage (``x.expand(3, 1)``): eager adds every value into the memory its index reaches, so
+    rows sharing an element all see the sum. The view's deltas are computed on zeros and added
+    through the view's index map into the storage, as one whole-storage write."""
+    x = args[0]
+    indices = args[1] if len(args) > 1 else kwargs["indices"]
+    values = args[2] if len(args) > 2 else kwargs["values"]
+    zeros = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    delta = torch.ops.aten.index_put.default(zeros, indices, values, True)
+    alias = x._alias
+    root = alias.read((), alias.base.aval)
+    from .alias import _node
+    alias.record((), _node("legacy.add", views.AddChain(x._chain), (root, delta._value),
+                           root.aval))
+    return x
 
 
 # ----------------------------------------------------------------------------------------------

@@ -344,6 +344,29 @@ def scatter_through(base, chain: tuple, value):
     return jnp.reshape(flat, base.shape)
 
 
+def add_through(base, chain: tuple, delta):
+    """``base`` with ``delta`` (in the view's shape) ADDED at the storage element each view
+    element is: where view elements share one (an expanded view), all their deltas add up, as
+    eager's accumulating writes into overlapping memory do."""
+    size = int(np.prod(base.shape, dtype=np.int64))
+    kind = jnp.int32 if size < 2 ** 31 else jnp.int64
+    idx = read(jnp.reshape(lax.iota(kind, size), base.shape), chain)
+    flat = jnp.reshape(base, (-1,))
+    vals = jnp.reshape(jnp.broadcast_to(delta, idx.shape), (-1,)).astype(base.dtype)
+    flat = flat.at[jnp.reshape(idx, (-1,))].add(vals)
+    return jnp.reshape(flat, base.shape)
+
+
+@dataclass(frozen=True)
+class AddChain:
+    """IR rule: the alias base after ``delta`` was added through ``chain`` (see add_through)."""
+
+    chain: tuple
+
+    def __call__(self, base, delta):
+        return add_through(base, self.chain, delta)
+
+
 @dataclass(frozen=True)
 class ReadChain:
     """IR rule: the value of a member, read from its alias base through ``chain``."""

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import xla_compat as xc
+from tests.conftest import assert_same
 
 
 def _eager_error(fn, *tensors):
@@ -299,3 +300,30 @@ def test_a_write_through_a_zero_stride_as_strided_view_changes_its_element(path,
         return t
     cpu = program(torch.arange(8).reshape(2, 4, 1))
     assert torch.equal(program(torch.arange(8).reshape(2, 4, 1).to(dev)).cpu(), cpu)
+
+
+@pytest.mark.filterwarnings("ignore:Use of index_put_ on expanded tensors")
+def test_accumulating_index_put_into_an_expanded_view_adds_every_value_like_eager(path, dev):
+    # Fuzz (Dec 3, 2500 programs): eager adds each value into the memory its index reaches, so
+    # rows of an expanded view sharing one element all see the sum. Legacy wrote the view back
+    # as "the last changed element wins" (2.5 for 3.0); functional refused the write.
+    def program(t0, make):
+        v1 = t0.unsqueeze(0)
+        v1.index_put_((make([0]),), make(2.0), accumulate=False)
+        v3 = v1.expand((3, 1))
+        v3.index_put_((make([2, -2]),), make(0.5), accumulate=True)
+        r = v3.clone()
+        x = torch.arange(6.).reshape(2, 3).to(t0.device)
+        e = x[:, :1].expand(2, 4)
+        e.index_put_((make([0, 1, 1]), make([3, 0, 2])), make([1., 10., 100.]),
+                     accumulate=True)
+        return r, x, e, t0
+
+    def on(device):
+        def make(v):
+            return torch.tensor(v, device=device)
+        return make
+    expected = program(torch.zeros(()), on("cpu"))
+    got = program(torch.zeros(()).to(dev), on(dev))
+    for g, e in zip(got, expected):
+        assert_same(g, e)
