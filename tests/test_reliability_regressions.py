@@ -327,3 +327,34 @@ def test_accumulating_index_put_into_an_expanded_view_adds_every_value_like_eage
     got = program(torch.zeros(()).to(dev), on(dev))
     for g, e in zip(got, expected):
         assert_same(g, e)
+
+
+def test_in_place_op_on_overlapping_unfold_windows_compounds_like_eager(path, dev, request):
+    # Fuzz (Dec 3, seed 777): unfold(-1, 3, 1) windows share elements; eager's mul_ walks the
+    # view element by element over the shared memory, so an element in two windows is doubled
+    # twice. Legacy writes the view back once per storage element.
+    if path == "legacy":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "open (legacy): an in-place op on a view whose windows overlap (unfold with step < "
+            "size) compounds in eager; legacy applies it once per storage element")))
+    cpu = torch.arange(12).reshape(3, 1, 4)
+    d = cpu.to(dev)
+    for t in (cpu, d):
+        t.unfold(-1, 3, 1).mul_(2)
+    assert_same(d, cpu)
+
+
+def test_out_write_into_overlapping_unfold_windows_keeps_the_last_write_like_eager(path, dev,
+                                                                                  request):
+    # Fuzz (Dec 3, seed 777): out= into unfold(-1, 2, 1) windows writes the shared element twice;
+    # eager keeps the last write.
+    if path == "functional":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "open (functional): an out= write into overlapping unfold windows sums the shared "
+            "element's changes (functionalization's write-back) instead of keeping the last")))
+    cpu = torch.arange(3.)
+    d = cpu.to(dev)
+    for t in (cpu, d):
+        src = torch.arange(4., device=t.device).reshape(2, 2).mul(-1)
+        torch.mul(src, 3, out=t.unfold(-1, 2, 1))
+    assert_same(d, cpu)
