@@ -528,12 +528,16 @@ _PLAN_LIMIT = 65536
 
 def _plan_key(cls, func, args):
     """The plan key of a keyword-free call whose arguments are ``cls`` tensors, numbers, None,
-    dtypes or tuples of ints; None for anything else (the call takes the full tracer)."""
+    dtypes or tuples of ints; None for anything else (the call takes the full tracer). Runs
+    once per traced op (``replay``): a tensor's geometry comes from its cache."""
     parts = [id(func), cls]
     for x in args:
         tx = type(x)
         if tx is cls:
-            parts.append(_geometry_of(x))
+            g = x._geo
+            if g is None or CHECK_GEOMETRY:
+                g = _geometry_of(x)
+            parts.append(g)
         elif tx in _NUMBER:
             parts.append((tx, x))
         elif x is None or tx is torch.dtype:
@@ -575,26 +579,9 @@ def forget_plans() -> None:
 
 
 def replay(cls, func, args):
-    """The result of ``trace(cls, func, args, {})`` from its plan, or None without one.
-
-    The key is ``_plan_key``'s, built inline: this runs once per traced op."""
-    parts = [id(func), cls]
-    for x in args:
-        tx = type(x)
-        if tx is cls:
-            g = x._geo
-            if g is None or CHECK_GEOMETRY:
-                g = _geometry_of(x)
-            parts.append(g)
-        elif tx in _NUMBER:
-            parts.append((tx, x))
-        elif x is None or tx is torch.dtype:
-            parts.append(x)
-        elif (tx is list or tx is tuple) and all(type(e) is int for e in x):
-            parts.append((tx, tuple(x)))
-        else:
-            return None
-    plan = _PLANS.get(tuple(parts))
+    """The result of ``trace(cls, func, args, {})`` from its plan, or None without one."""
+    key = _plan_key(cls, func, args)
+    plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         return None
     with lock:
