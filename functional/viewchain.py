@@ -16,13 +16,9 @@ traced as before; a chain containing another kind of view is simply not known he
 """
 from __future__ import annotations
 
-import functools
 import weakref
 from dataclasses import dataclass
 
-import jax.numpy as jnp
-import numpy as np
-from jax import lax
 import torch
 
 from xla_compat import _jax, metrics, settings
@@ -30,6 +26,7 @@ from xla_compat.lazy import ir, tracer
 from xla_compat.lazy.ir import Aval, Node, Slot, Value
 from xla_compat.lazy.tensor import LazyTensor, lock
 from xla_compat.lowering import registry
+from xla_compat.lowering.boxes import Box, Permute, Select, Slice, compose
 
 from . import strides
 
@@ -37,102 +34,8 @@ aten = torch.ops.aten
 
 
 # ----------------------------------------------------------------------------------------------
-# View steps and their composition into one box of the root.
-
-@dataclass(frozen=True)
-class Permute:
-    """View dim i is dim ``dims[i]`` of the tensor the step applies to."""
-
-    dims: tuple
-
-
-@dataclass(frozen=True)
-class Select:
-    """Drops ``dim`` at ``index`` (non-negative)."""
-
-    dim: int
-    index: int
-
-
-@dataclass(frozen=True)
-class Slice:
-    """``start:end:step`` along ``dim`` (bounds normalised as torch does)."""
-
-    dim: int
-    start: int
-    end: int
-    step: int
-
-
-@dataclass(frozen=True)
-class Box:
-    """Where a chain of steps puts a view in its root: per root dim ``(start, size, step, kept)``
-    (``kept`` False: selected away), and ``order``, the root dim of each view dim."""
-
-    dims: tuple
-    order: tuple
-
-    @property
-    def shape(self) -> tuple:
-        return tuple(self.dims[b][1] for b in self.order)
-
-    @functools.cached_property
-    def positions(self) -> tuple:
-        """The set of root elements covered (equal tuples, equal sets)."""
-        if any(d[1] == 0 for d in self.dims):
-            return ()
-        return tuple((s, n, st if n > 1 else 1) for s, n, st, _ in self.dims)
-
-    def _kept(self) -> list:
-        return [b for b, d in enumerate(self.dims) if d[3]]
-
-    def to_box_layout(self, value):
-        """A view-shaped value in root-dim order with size-1 dims where dims were selected."""
-        kept = self._kept()
-        value = jnp.transpose(value, [self.order.index(b) for b in kept])
-        return jnp.reshape(value, tuple(d[1] for d in self.dims))
-
-    def from_box_layout(self, value):
-        kept = self._kept()
-        value = jnp.reshape(value, tuple(self.dims[b][1] for b in kept))
-        return jnp.transpose(value, [kept.index(b) for b in self.order])
-
-    def read(self, root):
-        if not self.positions:
-            return jnp.zeros(self.shape, root.dtype)
-        starts = [s for s, _, _, _ in self.dims]
-        limits = [s + (n - 1) * st + 1 for s, n, st, _ in self.dims]
-        strides = [st for _, _, st, _ in self.dims]
-        return self.from_box_layout(lax.slice(root, starts, limits, strides))
-
-    def write(self, root, src):
-        if not self.positions:
-            return root
-        value = self.to_box_layout(src).astype(root.dtype)
-        if all(n <= 1 or st == 1 for _, n, st, _ in self.dims):
-            return lax.dynamic_update_slice(root, value, [s for s, _, _, _ in self.dims])
-        index = tuple(slice(s, s + (n - 1) * st + 1, st) for s, n, st, _ in self.dims)
-        return root.at[index].set(value)
-
-
-@functools.lru_cache(maxsize=4096)
-def compose(shape: tuple, chain: tuple) -> Box:
-    dims = [[0, n, 1, True] for n in shape]
-    order = list(range(len(shape)))
-    for step in chain:
-        if type(step) is Permute:
-            order = [order[d] for d in step.dims]
-        elif type(step) is Select:
-            b = order.pop(step.dim)
-            s, _, st, _ = dims[b]
-            dims[b] = [s + step.index * st, 1, 1, False]
-        else:
-            b = order[step.dim]
-            s, _, st, _ = dims[b]
-            n = len(range(step.start, step.end, step.step))
-            dims[b] = [s + step.start * st, n, st * step.step, True]
-    return Box(tuple(tuple(d) for d in dims), tuple(order))
-
+# View steps (Permute, Select, Slice) and their composition into one Box of the root live in the
+# core (``lowering/boxes.py``), shared with the legacy path.
 
 def undoes(last, step) -> bool:
     """Does ``step`` applied after ``last`` give back the tensor ``last`` applied to?"""

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from xla_compat.lowering import boxes
 from xla_compat.lowering.views import _bitcast, diag_index, write_positions
 
 
@@ -46,10 +47,8 @@ class Reshape(ViewStep):
 
 
 @dataclass(frozen=True)
-class Permute(ViewStep):
+class Permute(boxes.Permute, ViewStep):
     """permute/t/transpose/movedim/mT: ``dims[i]`` of the base is dim i of the view."""
-
-    dims: tuple
 
     def apply(self, base):
         return jnp.transpose(base, self.dims)
@@ -59,13 +58,8 @@ class Permute(ViewStep):
 
 
 @dataclass(frozen=True)
-class Slice(ViewStep):
+class Slice(boxes.Slice, ViewStep):
     """slice/narrow/split/chunk pieces: ``start:end:step`` along ``dim`` (bounds normalised)."""
-
-    dim: int
-    start: int
-    end: int
-    step: int
 
     def apply(self, base):
         return lax.slice_in_dim(base, self.start, self.end, self.step, axis=self.dim)
@@ -80,11 +74,8 @@ class Slice(ViewStep):
 
 
 @dataclass(frozen=True)
-class Select(ViewStep):
+class Select(boxes.Select, ViewStep):
     """select/unbind pieces/integer indexing: drops ``dim`` at ``index`` (non-negative)."""
-
-    dim: int
-    index: int
 
     def apply(self, base):
         return lax.index_in_dim(base, self.index, self.dim, keepdims=False)
@@ -290,11 +281,18 @@ class Bitcast(ViewStep):
 # ----------------------------------------------------------------------------------------------
 # Chains.
 
+def _box(chain: tuple, shape: tuple):
+    """The one box of the base a chain of two or more permutes, selects and slices views (so a
+    read or write is one slice or update of the base, no whole-base transposes), else None."""
+    if len(chain) < 2 or not all(isinstance(s, (Permute, Select, Slice)) for s in chain):
+        return None
+    return boxes.compose(tuple(shape), chain)
+
+
 def read(base, chain: tuple):
-    from . import boxes
-    box = boxes.box_of(chain, base.shape)
-    if box is not None:               # permutes, selects and slices: one box of the base
-        return boxes.read(base, box)
+    box = _box(chain, base.shape)
+    if box is not None:
+        return box.read(base)
     for step in chain:
         base = step.apply(base)
     return base
@@ -310,10 +308,9 @@ def write(base, chain: tuple, value):
         return value.astype(base.dtype)
     if not injective(chain):
         return scatter_through(base, chain, value)
-    from . import boxes
-    box = boxes.box_of(chain, base.shape)
-    if box is not None:               # one update of the base, no whole-base transposes
-        return boxes.write(base, box, value)
+    box = _box(chain, base.shape)
+    if box is not None:
+        return box.write(base, value)
     inner = [base]
     for step in chain[:-1]:
         inner.append(step.apply(inner[-1]))
