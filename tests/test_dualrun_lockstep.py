@@ -95,6 +95,10 @@ def test_lockstep_ignore_rule_counts_known_differences_separately(dev):
         xc.sync()
     r = ls.results[0]
     assert r.ignored and all("aten.add_" in m.name for m in r.ignored)
+    assert r.match and r.mismatches == ()           # the ignored op leaves the sync matching
+    assert ls.first_divergence is None
+    assert metrics.counter("DualRunIgnored") == len(r.ignored)
+    assert metrics.counter("DualRunMismatch") == 0
 
 
 def test_xla_dual_run_lockstep_turns_lockstep_on_at_first_device_use():
