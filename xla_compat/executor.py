@@ -614,16 +614,12 @@ def _graph_error(doing: str, graph: Graph, e: BaseException) -> GraphError:
             lines.append(node.where())
         if len(lines) == 3:
             break
-    where = ("created at " + "; ".join(lines)) if lines else node_where_hint()
+    where = ("created at " + "; ".join(lines)) if lines else ir.NO_SOURCE
     return GraphError(
         f"xla_compat: {doing} a graph of {len(graph.nodes)} ops failed: {type(e).__name__}: {e}\n"
         f"  ops: {ops}\n  {where}\n"
         f"  Every tensor keeps the value it had before this sync. A memory error means the step "
         f"needs less memory (smaller batch, or sync more often to cut the graph).")
-
-
-def node_where_hint() -> str:
-    return "(source lines not recorded; set XLA_IR_DEBUG=1)"
 
 
 def _backups(graph: Graph):

@@ -49,6 +49,9 @@ class Slot:
         return f"${self.k}"
 
 
+NO_SOURCE = "(source line not recorded; set XLA_IR_DEBUG=1)"
+
+
 class Node:
     """One op application: ``rule(*template filled with inputs)`` producing ``avals``."""
 
@@ -84,7 +87,7 @@ class Node:
 
     def where(self) -> str:
         if not self.source:
-            return "(source line not recorded; set XLA_IR_DEBUG=1)"
+            return NO_SOURCE
         f, line, fn = self.source
         return f"{f}:{line} in {fn}"
 

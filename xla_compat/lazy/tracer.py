@@ -596,7 +596,7 @@ def replay(cls, func, args):
                 inputs.append(Value(ScalarParam(x), 0))
         node = Node(plan.op, plan.rule, plan.args, (), tuple(inputs), plan.avals,
                     ir.user_frame() if settings.get().ir_debug else None, plan.sig)
-        _counters["IrNodes"] += 1         # metrics.bump, inline (the tracer lock is held)
+        metrics.bump("IrNodes")           # (the tracer lock is held)
         if plan.single:
             m = plan.outs[0]
             t = cls(Value(node, 0), m.shape, m.dtype, m.stride, m.offset)
@@ -626,7 +626,6 @@ def _geometry_of(x) -> tuple:
 
 
 _POISONED = ir.Poisoned
-_counters = metrics._counters
 
 
 @functools.lru_cache(maxsize=None)
