@@ -332,12 +332,8 @@ def scatter_through(base, chain: tuple, value):
             "xla_compat: writing through a chain of views that both reinterprets the dtype "
             "(view_as_real/view_as_complex/view(dtype)) and overlaps itself (expand, overlapping "
             "unfold or as_strided) is not supported on the legacy path; clone() the view first")
-    size = int(np.prod(base.shape, dtype=np.int64))
-    kind = jnp.int32 if size < 2 ** 31 else jnp.int64
-    idx = read(jnp.reshape(lax.iota(kind, size), base.shape), chain)
-    flat = jnp.reshape(base, (-1,))
-    vals = jnp.reshape(jnp.broadcast_to(value, idx.shape), (-1,)).astype(base.dtype)
-    flat = write_positions(flat, jnp.reshape(idx, (-1,)), vals, overlapping=True)
+    flat, idx, vals = _flat_through(base, chain, value)
+    flat = write_positions(flat, idx, vals, overlapping=True)
     return jnp.reshape(flat, base.shape)
 
 
@@ -345,13 +341,18 @@ def add_through(base, chain: tuple, delta):
     """``base`` with ``delta`` (in the view's shape) ADDED at the storage element each view
     element is: where view elements share one (an expanded view), all their deltas add up, as
     eager's accumulating writes into overlapping memory do."""
+    flat, idx, vals = _flat_through(base, chain, delta)
+    return jnp.reshape(flat.at[idx].add(vals), base.shape)
+
+
+def _flat_through(base, chain: tuple, value):
+    """(``base`` flattened, the flat base position of each view element, ``value`` broadcast
+    to the view and flattened in the same order): the one index map a chain composes into."""
     size = int(np.prod(base.shape, dtype=np.int64))
     kind = jnp.int32 if size < 2 ** 31 else jnp.int64
     idx = read(jnp.reshape(lax.iota(kind, size), base.shape), chain)
-    flat = jnp.reshape(base, (-1,))
-    vals = jnp.reshape(jnp.broadcast_to(delta, idx.shape), (-1,)).astype(base.dtype)
-    flat = flat.at[jnp.reshape(idx, (-1,))].add(vals)
-    return jnp.reshape(flat, base.shape)
+    vals = jnp.reshape(jnp.broadcast_to(value, idx.shape), (-1,)).astype(base.dtype)
+    return jnp.reshape(base, (-1,)), jnp.reshape(idx, (-1,)), vals
 
 
 @dataclass(frozen=True)
