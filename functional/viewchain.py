@@ -92,24 +92,62 @@ def write_of(v: Value):
     return _writes.get(v.node) if v.index == 0 else None
 
 
-def _node(op: str, rule, inputs: tuple, aval: Aval) -> Value:
+_SLOTS = (Slot(0),), (Slot(0), Slot(1))
+
+
+def _node(op: str, rule, inputs: tuple, aval: Aval, sig=None) -> Value:
     source = ir.user_frame() if settings.get().ir_debug else None
-    node = Node(op, rule, tuple(Slot(i) for i in range(len(inputs))), (), inputs, (aval,), source)
+    node = Node(op, rule, _SLOTS[len(inputs) - 1], (), inputs, (aval,), source, sig)
     metrics.inc("IrNodes")
     return Value(node, 0)
+
+
+# Memos: the same few chains and boxes come back on every step of a loop, so what a chain
+# composes to, and the rule, output and interned signature of the node reading or writing it,
+# are made once (cleared with the trace plans: tracer.forget_plans).
+_BOXES: dict = {}        # (root shape, chain) -> Box
+_READS_OF: dict = {}     # (root aval, chain) -> (rule, aval, sig)
+_WRITES_OF: dict = {}    # (root aval, box) -> (rule, sig)
+_MEMO_LIMIT = 65536
+
+
+def box_of(shape: tuple, chain: tuple) -> Box:
+    key = (shape, chain)
+    box = _BOXES.get(key)
+    if box is None:
+        if len(_BOXES) >= _MEMO_LIMIT:
+            _BOXES.clear()
+        box = _BOXES[key] = compose(shape, chain)
+    return box
 
 
 def read_value(root: Value, chain: tuple) -> Value:
     if not chain:
         return root
-    box = compose(root.aval.shape, chain)
-    v = _node("functional.view_read", ViewRead(box), (root,), Aval(box.shape, root.aval.dtype))
+    key = (root.aval, chain)
+    made = _READS_OF.get(key)
+    if made is None:
+        box = box_of(root.aval.shape, chain)
+        rule, aval = ViewRead(box), Aval(box.shape, root.aval.dtype)
+        sig = ir.sig_id(("functional.view_read", rule, _SLOTS[0], (), (aval,)))
+        if len(_READS_OF) >= _MEMO_LIMIT:
+            _READS_OF.clear()
+        made = _READS_OF[key] = (rule, aval, sig)
+    v = _node("functional.view_read", made[0], (root,), made[1], made[2])
     _reads[v.node] = (root, chain)
     return v
 
 
 def write_value(root: Value, src: Value, box: Box) -> Value:
-    v = _node("functional.write_through", WriteThrough(box), (root, src), root.aval)
+    key = (root.aval, box)
+    made = _WRITES_OF.get(key)
+    if made is None:
+        rule = WriteThrough(box)
+        sig = ir.sig_id(("functional.write_through", rule, _SLOTS[1], (), (root.aval,)))
+        if len(_WRITES_OF) >= _MEMO_LIMIT:
+            _WRITES_OF.clear()
+        made = _WRITES_OF[key] = (rule, sig)
+    v = _node("functional.write_through", made[0], (root, src), root.aval, made[1])
     _writes[v.node] = (root, src, box)
     return v
 
@@ -173,28 +211,45 @@ def trace(cls, func, args, kwargs):
     src = (args[1] if len(args) > 1 else kwargs.get("src")) if scatter else None
     if scatter and not isinstance(src, LazyTensor):
         return NotImplemented
-    key = _signature(func, x, src, args, kwargs)
+    # The trace-plan key where it applies (tensor geometries cached on the tensors).
+    key = None if kwargs else tracer._plan_key(cls, func, args)
+    if key is None:
+        key = _signature(func, x, src, args, kwargs)
     info = _INFO.get(key) if key is not None else None
     if info is None:
         info = _info(func, x, args, kwargs)     # raises eager's error where eager would
         if key is not None:
-            if len(_INFO) >= _INFO_LIMIT:
+            if len(_INFO) >= _MEMO_LIMIT:
                 _INFO.clear()
             _INFO[key] = info
-    step, out = info
-    if step is None:
+    if info.step is None:
         return NotImplemented
     with lock:
         if scatter:
-            value = _scatter(func, args, kwargs, x, src, step, out)
+            value = _scatter(func, args, kwargs, x, src, info)
         else:
-            value = _view(func, args, kwargs, x, step, out)
-    return cls(value, out.shape, out.dtype, out.stride, out.offset)
+            value = _view(func, args, kwargs, x, info)
+    out = info.out
+    t = cls(value, out.shape, out.dtype, out.stride, out.offset)
+    t._geo = info.geo
+    return t
 
 
-# (op, input geometries, static arguments) -> (step, output TMeta with eager's layout)
+class _Info:
+    """What one view copy or scatter with one argument geometry does: its view ``step``, its
+    output (eager's layout) and, for a keyword-free call, the node ``_plain`` records."""
+
+    __slots__ = ("step", "out", "geo", "plain")
+
+    def __init__(self, step, out, plain=None):
+        self.step, self.out, self.plain = step, out, plain
+        self.geo = (None if out is None else
+                    (tuple(out.shape), tuple(out.stride), out.dtype, out.offset))
+
+
+# (op, input geometries, static arguments) -> _Info
 _INFO: dict = {}
-_INFO_LIMIT = 65536
+tracer.plan_memos.extend((_INFO, _BOXES, _READS_OF, _WRITES_OF))
 
 
 def _signature(func, x, src, args, kwargs):
@@ -215,16 +270,23 @@ def _signature(func, x, src, args, kwargs):
     return key
 
 
-def _info(func, x, args, kwargs):
+def _info(func, x, args, kwargs) -> _Info:
     step = _step(func, tracer._bind(func, args, kwargs), tuple(x.shape))
     if step is None:
-        return None, None
+        return _Info(None, None)
     out, _ = tracer.meta(func, args, kwargs)
     geometry = strides.eager_geometry(func, args, kwargs)
     if geometry:
         (stride, offset), = geometry
         out = out._replace(stride=tuple(stride), offset=offset)
-    return step, out
+    plain = None
+    if not kwargs:
+        n = 2 if func in _SCATTERS else 1
+        op, rule = tracer.op_name(func), registry.lookup(func)
+        template = _SLOTS[n - 1] + tuple(tuple(a) if type(a) is list else a for a in args[n:])
+        avals = (Aval(tuple(out.shape), _jax.to_jax_dtype(out.dtype)),)
+        plain = (op, rule, template, avals, n, ir.sig_id((op, rule, template, (), avals)))
+    return _Info(step, out, plain)
 
 
 def _copied(v: Value) -> Value:
@@ -237,7 +299,8 @@ def _copied(v: Value) -> Value:
     return v
 
 
-def _view(func, args, kwargs, x, step, out) -> Value:
+def _view(func, args, kwargs, x, info) -> Value:
+    step = info.step
     root, chain = chain_of(x._value)
     if chain and undoes(chain[-1], step):
         return read_value(root, chain[:-1])
@@ -245,7 +308,7 @@ def _view(func, args, kwargs, x, step, out) -> Value:
     w = write_of(root)
     if w is not None:
         wrote = w[2]
-        box = compose(root.aval.shape, chain)
+        box = box_of(root.aval.shape, chain)
         if box.positions == wrote.positions:
             src = _copied(w[1])
             if box == wrote and src.aval.dtype == root.aval.dtype:
@@ -254,40 +317,38 @@ def _view(func, args, kwargs, x, step, out) -> Value:
                          Aval(box.shape, root.aval.dtype))
     if len(chain) > 1:
         return read_value(root, chain)           # one node reads the whole chain from the root
-    value = _plain(func, args, kwargs, out)
+    value = _plain(func, args, kwargs, info)
     _reads[value.node] = (root, chain)
     return value
 
 
-def _plain(func, args, kwargs, out) -> Value:
+def _plain(func, args, kwargs, info) -> Value:
     """The op as the ordinary tracer records it (its own aten node, same template)."""
-    if kwargs:
-        return Value(tracer.make_node(func, registry.lookup(func), args, kwargs, [out]), 0)
-    n = 2 if func in _SCATTERS else 1
+    if info.plain is None:
+        return Value(tracer.make_node(func, registry.lookup(func), args, kwargs, [info.out]), 0)
+    op, rule, template, avals, n, sig = info.plain
     inputs = tuple(t._value for t in args[:n])
     for v in inputs:
         if type(v.node) is ir.Poisoned:
             raise v.node.error
-    template = tuple(Slot(i) for i in range(n)) + tuple(
-        tuple(a) if type(a) is list else a for a in args[n:])
     source = ir.user_frame() if settings.get().ir_debug else None
-    node = Node(tracer.op_name(func), registry.lookup(func), template, (), inputs,
-                (Aval(tuple(out.shape), _jax.to_jax_dtype(out.dtype)),), source)
+    node = Node(op, rule, template, (), inputs, avals, source, sig)
     metrics.inc("IrNodes")
     return Value(node, 0)
 
 
-def _scatter(func, args, kwargs, y, src, step, out) -> Value:
+def _scatter(func, args, kwargs, y, src, info) -> Value:
+    step = info.step
     root, chain = chain_of(y._value)
     below = write_of(root)
     if not chain and below is None:
-        value = _plain(func, args, kwargs, out)
-        _writes[value.node] = (root, src._value, compose(root.aval.shape, (step,)))
+        value = _plain(func, args, kwargs, info)
+        _writes[value.node] = (root, src._value, box_of(root.aval.shape, (step,)))
         return value
-    box = compose(root.aval.shape, chain + (step,))
+    box = box_of(root.aval.shape, chain + (step,))
     value = _copied(src._value)
     s_root, s_chain = chain_of(value)
-    if s_root == root and s_chain and compose(root.aval.shape, s_chain) == box:
+    if s_root == root and s_chain and box_of(root.aval.shape, s_chain) == box:
         written = root                           # writing back what is there
     elif below is not None and below[2] == box and _copied(below[1]) == value:
         written = root                           # the same write again

@@ -573,9 +573,15 @@ def _remember_plan(cls, func, args, node: Node, meta_out) -> None:
                        node.sig_id())
 
 
+# Other caches of what tracing an op gives (a path's own), dropped with the plans.
+plan_memos: list = []
+
+
 def forget_plans() -> None:
     """Drop every plan (a rule was replaced: ``registry.override``)."""
     _PLANS.clear()
+    for memo in plan_memos:
+        memo.clear()
 
 
 def replay(cls, func, args):
