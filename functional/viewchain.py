@@ -16,7 +16,6 @@ traced as before; a chain containing another kind of view is simply not known he
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -77,19 +76,25 @@ class Relayout:
         return self.read.from_box_layout(self.wrote.to_box_layout(src))
 
 
-# Side tables on nodes (weak: a node synced away drops its entry).
-_reads: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()   # (root, chain)
-_writes: "weakref.WeakKeyDictionary[Node, tuple]" = weakref.WeakKeyDictionary()  # (root, src, box)
+# What a node of this module is, kept in its ``note`` (it dies with the node): a read is
+# (_READ, root, chain), a write (_WRITE, root, src, box). Both name only the node's inputs.
+_READ, _WRITE = "functional.viewchain.read", "functional.viewchain.write"
 
 
 def chain_of(v: Value) -> tuple:
     """(root value, chain of steps) with ``v`` = the chain applied to the root."""
-    hit = _reads.get(v.node) if v.index == 0 else None
-    return hit if hit is not None else (v, ())
+    note = v.node.note
+    if note is not None and v.index == 0 and note[0] is _READ:
+        return note[1], note[2]
+    return v, ()
 
 
 def write_of(v: Value):
-    return _writes.get(v.node) if v.index == 0 else None
+    """(root, src, box) where ``v`` is the root with ``src`` written into its ``box``."""
+    note = v.node.note
+    if note is not None and v.index == 0 and note[0] is _WRITE:
+        return note[1:]
+    return None
 
 
 _SLOTS = (Slot(0),), (Slot(0), Slot(1))
@@ -98,7 +103,7 @@ _SLOTS = (Slot(0),), (Slot(0), Slot(1))
 def _node(op: str, rule, inputs: tuple, aval: Aval, sig=None) -> Value:
     source = ir.user_frame() if settings.get().ir_debug else None
     node = Node(op, rule, _SLOTS[len(inputs) - 1], (), inputs, (aval,), source, sig)
-    metrics.inc("IrNodes")
+    metrics.bump("IrNodes")        # (the tracer lock is held)
     return Value(node, 0)
 
 
@@ -134,7 +139,7 @@ def read_value(root: Value, chain: tuple) -> Value:
             _READS_OF.clear()
         made = _READS_OF[key] = (rule, aval, sig)
     v = _node("functional.view_read", made[0], (root,), made[1], made[2])
-    _reads[v.node] = (root, chain)
+    v.node.note = (_READ, root, chain)
     return v
 
 
@@ -148,7 +153,7 @@ def write_value(root: Value, src: Value, box: Box) -> Value:
             _WRITES_OF.clear()
         made = _WRITES_OF[key] = (rule, sig)
     v = _node("functional.write_through", made[0], (root, src), root.aval, made[1])
-    _writes[v.node] = (root, src, box)
+    v.node.note = (_WRITE, root, src, box)
     return v
 
 
@@ -197,6 +202,7 @@ _VIEWS = frozenset({aten.transpose_copy.int, aten.t_copy.default, aten.permute_c
                     aten.select_copy.int, aten.slice_copy.Tensor})
 _SCATTERS = frozenset({aten.select_scatter.default, aten.slice_scatter.default})
 OPS = _VIEWS | _SCATTERS
+OP_IDS = frozenset(map(id, OPS))        # (an OpOverload hashes in Python)
 
 
 def trace(cls, func, args, kwargs):
@@ -318,7 +324,7 @@ def _view(func, args, kwargs, x, info) -> Value:
     if len(chain) > 1:
         return read_value(root, chain)           # one node reads the whole chain from the root
     value = _plain(func, args, kwargs, info)
-    _reads[value.node] = (root, chain)
+    value.node.note = (_READ, root, chain)
     return value
 
 
@@ -333,7 +339,7 @@ def _plain(func, args, kwargs, info) -> Value:
             raise v.node.error
     source = ir.user_frame() if settings.get().ir_debug else None
     node = Node(op, rule, template, (), inputs, avals, source, sig)
-    metrics.inc("IrNodes")
+    metrics.bump("IrNodes")        # (the tracer lock is held)
     return Value(node, 0)
 
 
@@ -343,7 +349,7 @@ def _scatter(func, args, kwargs, y, src, info) -> Value:
     below = write_of(root)
     if not chain and below is None:
         value = _plain(func, args, kwargs, info)
-        _writes[value.node] = (root, src._value, box_of(root.aval.shape, (step,)))
+        value.node.note = (_WRITE, root, src._value, box_of(root.aval.shape, (step,)))
         return value
     box = box_of(root.aval.shape, chain + (step,))
     value = _copied(src._value)

@@ -56,7 +56,7 @@ class Node:
     """One op application: ``rule(*template filled with inputs)`` producing ``avals``."""
 
     __slots__ = ("id", "op", "rule", "args", "kwargs", "inputs", "avals", "source", "sig",
-                 "__weakref__")
+                 "note", "__weakref__")
 
     def __init__(self, op: str, rule, args: tuple, kwargs: tuple, inputs: tuple, avals: tuple,
                  source=None, sig=None):
@@ -69,6 +69,7 @@ class Node:
         self.avals = avals        # tuple[Aval]
         self.source = source      # (filename, lineno, function) that created it, if recorded
         self.sig = sig            # sig_id(self.signature()), filled in on first use
+        self.note = None          # what a path knows about this node (not part of the key)
 
     @property
     def is_leaf(self) -> bool:

@@ -495,9 +495,14 @@ def trace(cls, func, args, kwargs):
             return trace_mutation(cls, func, args, kwargs)
         rule = registry.lookup(func)
         if rule is not None:
+            planned = not kwargs and not rule.random
+            if planned:      # (a path's handler that declined the op may bring it here)
+                out = replay(cls, func, args, handled=True)
+                if out is not None:
+                    return out
             meta_out, _ = meta(func, args, kwargs)
             node = make_node(func, rule, args, kwargs, _flat_tensors(meta_out))
-            if not kwargs and not rule.random and cls.plans_ok(func):
+            if planned:
                 _remember_plan(cls, func, args, node, meta_out)
             return wrap_outputs(cls, meta_out, node)
         return decompose_or_fallback(cls, func, args, kwargs)
@@ -512,11 +517,13 @@ def trace(cls, func, args, kwargs):
 class Plan:
     """What ``trace`` did for one op and argument geometry, to be done again."""
 
-    __slots__ = ("op", "rule", "args", "kinds", "avals", "outs", "single", "sig", "geos")
+    __slots__ = ("op", "rule", "args", "kinds", "avals", "outs", "single", "sig", "geos",
+                 "first")
 
-    def __init__(self, op, rule, args, kinds, avals, outs, single, sig):
+    def __init__(self, op, rule, args, kinds, avals, outs, single, sig, first):
         self.op, self.rule, self.args, self.kinds = op, rule, args, kinds
         self.avals, self.outs, self.single, self.sig = avals, outs, single, sig
+        self.first = first        # may replay before the path's own handling (plans_ok)
         # each output's geometry as a plan key holds it (see _geometry_of)
         self.geos = tuple((tuple(m.shape), tuple(m.stride), m.dtype, m.offset) for m in outs)
 
@@ -570,7 +577,7 @@ def _remember_plan(cls, func, args, node: Node, meta_out) -> None:
     if len(_PLANS) >= _PLAN_LIMIT:
         _PLANS.clear()
     _PLANS[key] = Plan(node.op, node.rule, node.args, tuple(kinds), node.avals, outs, single,
-                       node.sig_id())
+                       node.sig_id(), cls.plans_ok(func))
 
 
 # Other caches of what tracing an op gives (a path's own), dropped with the plans.
@@ -584,11 +591,15 @@ def forget_plans() -> None:
         memo.clear()
 
 
-def replay(cls, func, args):
-    """The result of ``trace(cls, func, args, {})`` from its plan, or None without one."""
+def replay(cls, func, args, handled=False):
+    """The result of ``trace(cls, func, args, {})`` from its plan, or None without one.
+
+    First thing in a path's ``__torch_dispatch__`` only ops the path leaves to the tracer
+    (``plans_ok``) replay; once the path has ``handled`` the op and called ``trace``, every op's
+    plan replays (a plan is what the tracer alone did)."""
     key = _plan_key(cls, func, args)
     plan = _PLANS.get(key) if key is not None else None
-    if plan is None:
+    if plan is None or not (handled or plan.first):
         return None
     with lock:
         inputs = []
