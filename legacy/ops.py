@@ -19,7 +19,7 @@ from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
 from xla_compat.lazy.tensor import lock
 
-from . import views
+from . import overlap, views
 from .tensor import _UNREAD, LegacyTensor
 from .views import (AsStrided, Bitcast, Diagonal, Expand, Layout, Permute, Reshape, Select,
                     Slice, Unfold, ViewAsComplex, ViewAsReal)
@@ -46,6 +46,9 @@ def dispatch(func, args, kwargs):
             check_overlapping_write(func, args, kwargs)
             if func is aten.index_put_.default and _accumulates_into_overlap(args, kwargs):
                 return index_put_accumulate_overlapping(args, kwargs)
+            out = overlap.in_place(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
             plan = out_plan(func)
             if plan is not None and all(isinstance(t, LegacyTensor) for t in
                                         _written(tracer._bind(func, args, kwargs), plan.names)):
@@ -497,7 +500,8 @@ def run_out_op(func, plan: OutPlan, args, kwargs):
                 f"{tracer.describe((args, list(kwargs.values())))})")
         if tuple(t.shape) != tuple(r.shape):
             resize_out(t, r.shape)
-        t.copy_(r)
+        if not overlap.last_write(t, r, [t] + tracer._flat_tensors((args, list(f_kwargs.values())))):
+            t.copy_(r)
     return _out_returns(func, args, kwargs)
 
 

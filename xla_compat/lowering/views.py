@@ -5,6 +5,8 @@ The core computes what a view reads; aliasing is the paths' job. Every view over
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -313,3 +315,171 @@ def resize(x, size, *, memory_format=None, aval):
 def _resize_as(cls, func, args, kwargs):
     """``x.resize_as_(other)`` is ``x.resize_(other.shape)`` (which has a functional variant)."""
     return args[0].resize_(args[1].shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# Writes into a view whose elements overlap (unfold windows with step < size, as_strided): eager
+# runs the op element by element over the shared memory, in its TensorIterator's order, so a
+# storage element reached by k view elements sees k writes in a row, each reading the last.
+
+def broadcast_strides(shape, op_shape, op_stride) -> tuple:
+    """An operand's strides over the iteration ``shape`` (0 on broadcast dims), as eager's
+    TensorIterator computes them."""
+    out = [0] * len(shape)
+    lead = len(shape) - len(op_shape)
+    for i, (n, s) in enumerate(zip(op_shape, op_stride)):
+        out[lead + i] = 0 if (n == 1 and shape[lead + i] != 1) else s
+    return tuple(out)
+
+
+def iteration_order(shape, operand_strides) -> np.ndarray:
+    """Flat (C-order) indices of the elements of ``shape`` in the order eager's CPU
+    TensorIterator visits them (``reorder_dimensions``: the dims sorted by the operands' strides,
+    outputs first, ties broken by size, then by the next operand; broadcast dims never decide).
+    Exact for the serial loop, i.e. below the grain size (32768 elements) where eager does not
+    split the walk across threads."""
+    shape = tuple(int(n) for n in shape)
+    flat = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
+    nd = len(shape)
+    if nd <= 1:
+        return flat
+    perm = list(range(nd - 1, -1, -1))      # perm[0]: the fastest moving dim
+
+    def should_swap(d0, d1):
+        for st in operand_strides:
+            s0, s1 = st[d0], st[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    for i in range(1, nd):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    return np.transpose(flat.reshape(shape), perm[::-1]).reshape(-1)
+
+
+class OverlapWalk:
+    """Eager's walk over a view whose elements share storage: the view elements at storage
+    ``positions`` (any shape, C order) visited in ``order`` (flat indices). Elements sharing a
+    position form a group; ``rounds[r][e]`` is the r-th visited element of e's group (-1 where the
+    group is smaller), ``last[e]`` its last visited element, ``group[e]`` its group number."""
+
+    def __init__(self, positions, order):
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        n = pos.size
+        rank = np.empty(n, np.int64)
+        rank[np.asarray(order, dtype=np.int64)] = np.arange(n, dtype=np.int64)
+        by = np.lexsort((rank, pos))                  # grouped by position, visit order inside
+        starts = np.r_[True, pos[by][1:] != pos[by][:-1]] if n else np.zeros(0, bool)
+        gid_sorted = np.cumsum(starts) - 1
+        self.group = np.empty(n, np.int64)
+        self.group[by] = gid_sorted
+        self.groups = int(gid_sorted[-1]) + 1 if n else 0
+        first = np.flatnonzero(starts)
+        sizes = np.diff(np.r_[first, n])
+        self.depth = int(sizes.max()) if n else 0
+        self.rounds = np.full((self.depth, n), -1, np.int64)
+        for r in range(self.depth):
+            ok = sizes > r
+            who = by[first[ok] + r]                   # the r-th visited element of each group
+            table = np.full(self.groups, -1, np.int64)
+            table[np.flatnonzero(ok)] = who
+            self.rounds[r] = table[self.group]
+        self.last = by[first + sizes - 1][self.group] if n else np.zeros(0, np.int64)
+        self.rank = rank
+
+    @property
+    def overlaps(self) -> bool:
+        return self.depth > 1
+
+
+def _table(a) -> bytes:
+    return np.ascontiguousarray(a, dtype=np.int64).tobytes()
+
+
+def _array(b: bytes):
+    return np.frombuffer(b, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class TakeRound:
+    """IR rule, one round of the walk: elements whose group has an r-th element take the value
+    ``res`` computed for that element; the others keep ``cur``."""
+
+    src: bytes
+
+    def __call__(self, cur, res):
+        src = _array(self.src)
+        flat_res = jnp.reshape(res, (-1,)).astype(cur.dtype)
+        taken = flat_res[np.maximum(src, 0)]
+        return jnp.reshape(jnp.where(src >= 0, taken, jnp.reshape(cur, (-1,))), cur.shape)
+
+
+@dataclass(frozen=True)
+class TakeLast:
+    """IR rule: every element takes the value its group's last visited element was given (a
+    plain write of every element: the last write wins)."""
+
+    src: bytes
+
+    def __call__(self, x, new):
+        flat = jnp.reshape(jnp.broadcast_to(new, x.shape), (-1,)).astype(x.dtype)
+        return jnp.reshape(flat[_array(self.src)], x.shape)
+
+
+@dataclass(frozen=True)
+class SumChanges:
+    """IR rule: every element takes its old value plus the changes of its whole group (an
+    accumulating write: each element's contribution adds into the shared memory). ``new`` is
+    the written value, or each element's contribution where ``is_delta``."""
+
+    group: bytes
+    groups: int
+    is_delta: bool = False
+
+    def __call__(self, x, new):
+        gid = _array(self.group)
+        new = jnp.broadcast_to(new, x.shape).astype(x.dtype)
+        delta = jnp.reshape(new if self.is_delta else new - x, (-1,))
+        if x.dtype == jnp.bool_:
+            total = jnp.zeros(self.groups, jnp.bool_).at[gid].max(delta)
+        else:
+            total = jnp.zeros(self.groups, x.dtype).at[gid].add(delta)
+        return jnp.reshape(jnp.reshape(x, (-1,)) + total[gid], x.shape)
+
+
+@dataclass(frozen=True)
+class LastChanged:
+    """IR rule: every element takes the value of its group's last visited element that the write
+    changed, or keeps its own (a write of some elements only: index_put_, scatter_, ...)."""
+
+    group: bytes
+    groups: int
+    rank: bytes
+
+    def __call__(self, x, new):
+        gid, rank = _array(self.group), _array(self.rank)
+        flat_x = jnp.reshape(x, (-1,))
+        flat_new = jnp.reshape(new, (-1,)).astype(x.dtype)
+        key = jnp.where(flat_new != flat_x, rank, -1)
+        best = jnp.full(self.groups, -1, jnp.int64).at[gid].max(key)[gid]
+        chosen = flat_new[jnp.asarray(np.argsort(rank))[jnp.maximum(best, 0)]]
+        return jnp.reshape(jnp.where(best >= 0, chosen, flat_x), x.shape)
+
+
+def walk_node(rule, inputs, aval):
+    """A Value of one of the rules above applied to ``inputs`` (Values)."""
+    from ..lazy.ir import Node, Slot, Value
+    node = Node(f"overlap.{type(rule).__name__}", rule, tuple(Slot(i) for i in range(len(inputs))),
+                (), tuple(inputs), (aval,))
+    return Value(node, 0)
