@@ -137,8 +137,8 @@ def leaves_gaps(sizes, dim, size, step) -> bool:
     return not covered.all()
 
 
-def find_unfold_base(value: Value, sizes, dim, size, step, limit: int = 2000):
-    """The input of the ``unfold_copy`` the written view was read from, searched in its graph."""
+def find_unfold_read(value: Value, sizes, dim, size, step, limit: int = 2000):
+    """The ``unfold_copy`` node the written view was read from, searched in its graph."""
     seen, stack = set(), [value.node]
     while stack and len(seen) < limit:
         node = stack.pop()
@@ -150,7 +150,7 @@ def find_unfold_base(value: Value, sizes, dim, size, step, limit: int = 2000):
             base = node.inputs[0]
             nd = max(len(base.aval.shape), 1)
             if (d % nd, s, st) == (dim, size, step) and tuple(base.aval.shape) == tuple(sizes):
-                return base
+                return node
         stack.extend(v.node for v in node.inputs)
     return None
 
@@ -176,22 +176,59 @@ class UnfoldWriteBack:
         return base.at[tuple(index)].set(w.astype(base.dtype))
 
 
+@dataclass(frozen=True)
+class UnfoldCover:
+    """Unfold windows that cover every element of a base of ``sizes``, put back into it."""
+
+    sizes: tuple
+    dim: int
+    size: int
+    step: int
+
+    def __call__(self, windows):
+        import jax.numpy as jnp
+        base = jnp.zeros(self.sizes, windows.dtype)
+        return UnfoldWriteBack(self.dim, self.size, self.step)(base, windows)
+
+
+def overlaps(sizes, dim, size, step) -> bool:
+    """Do two windows share an element?"""
+    return bool(sizes) and step < size and (sizes[dim] - size) // step >= 1
+
+
 def unfold_write_back(cls, grad, sizes, dim, size, step):
-    """The functional inverse of ``unfold`` that keeps the elements between windows, or None."""
+    """The functional inverse of ``unfold`` that keeps the elements between windows and, where
+    windows overlap, writes each shared element as eager's walk does (``overlap.py``); or None
+    (upstream's ``unfold_backward``, the sum of the windows, is right)."""
     sizes = tuple(int(s) for s in sizes)
     dim = dim % max(len(sizes), 1)
-    if not leaves_gaps(sizes, dim, size, step):
+    shared = overlaps(sizes, dim, size, step)
+    if not shared and not leaves_gaps(sizes, dim, size, step):
         return None
     node = torch._C._current_autograd_node()
     if node is not None and type(node).__name__ == "UnfoldBackward0":
         return None  # autograd's gradient of unfold: zeros between windows are right there
-    base = find_unfold_base(grad._value, sizes, dim, size, step)
-    if base is None:
+    read = find_unfold_read(grad._value, sizes, dim, size, step)
+    if read is None and shared and not leaves_gaps(sizes, dim, size, step):
+        # A write of every element not computed from the windows (an out= result): the
+        # last write of each element wins, and no element of the base keeps its value.
+        from .overlap import unfold_walk
+        value = unfold_walk(grad._value, grad._value, sizes, dim, size, step)
+        value = _node("functional.unfold_cover", UnfoldCover(sizes, dim, size, step), [value],
+                      sizes, value.aval.dtype)
+        return cls(value, sizes, grad.dtype)
+    if read is None:
+        what = ("write each element the windows share as eager does"
+                if shared else "keep the elements between the windows")
         raise FunctionalizationLimit(
             f"xla_compat: a write through x.unfold({dim}, {size}, {step}) of a tensor of size "
-            f"{list(sizes)} must keep the elements between the windows, but the functional path "
-            f"cannot find the values they had (the view was synced away from its base). Write "
-            f"into the base directly, or clone the unfolded view before writing it.")
+            f"{list(sizes)} must {what}, but the functional path cannot find the values the "
+            f"view had (it was synced away from its base). Write into the base directly, or "
+            f"clone the unfolded view before writing it.")
+    base, value = read.inputs[0], grad._value
+    if shared:
+        from .overlap import unfold_walk
+        value = unfold_walk(Value(read, 0), value, sizes, dim, size, step)
     value = _node("functional.unfold_write_back", UnfoldWriteBack(dim, size, step),
-                  [base, grad._value], sizes, base.aval.dtype)
+                  [base, value], sizes, base.aval.dtype)
     return cls(value, sizes, grad.dtype)

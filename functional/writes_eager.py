@@ -127,6 +127,12 @@ def _copy(cls, func, args, kwargs):
             and _root(dst._value) is _root(src._value)):
         raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by aten.copy_ with "
                            f"inputs {tracer.describe(args)})")
+    if (isinstance(dst, LazyTensor) and isinstance(src, LazyTensor) and dst is not src
+            and not kwargs and len(args) == 2):
+        from .overlap import copy_walk
+        out = copy_walk(cls, dst, src)
+        if out is not None:
+            return out
     return _copy_next(cls, func, args, kwargs) if _copy_next is not None else NotImplemented
 
 

@@ -329,14 +329,10 @@ def test_accumulating_index_put_into_an_expanded_view_adds_every_value_like_eage
         assert_same(g, e)
 
 
-def test_in_place_op_on_overlapping_unfold_windows_compounds_like_eager(path, dev, request):
+def test_in_place_op_on_overlapping_unfold_windows_compounds_like_eager(path, dev):
     # Fuzz (Dec 3, seed 777): unfold(-1, 3, 1) windows share elements; eager's mul_ walks the
     # view element by element over the shared memory, so an element in two windows is doubled
-    # twice. Legacy writes the view back once per storage element.
-    if path == "legacy":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (legacy): an in-place op on a view whose windows overlap (unfold with step < "
-            "size) compounds in eager; legacy applies it once per storage element")))
+    # twice (more cases: tests/test_overlap_writes.py).
     cpu = torch.arange(12).reshape(3, 1, 4)
     d = cpu.to(dev)
     for t in (cpu, d):
@@ -344,14 +340,9 @@ def test_in_place_op_on_overlapping_unfold_windows_compounds_like_eager(path, de
     assert_same(d, cpu)
 
 
-def test_out_write_into_overlapping_unfold_windows_keeps_the_last_write_like_eager(path, dev,
-                                                                                  request):
+def test_out_write_into_overlapping_unfold_windows_keeps_the_last_write_like_eager(path, dev):
     # Fuzz (Dec 3, seed 777): out= into unfold(-1, 2, 1) windows writes the shared element twice;
-    # eager keeps the last write.
-    if path == "functional":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): an out= write into overlapping unfold windows sums the shared "
-            "element's changes (functionalization's write-back) instead of keeping the last")))
+    # eager keeps the last write (more cases: tests/test_overlap_writes.py).
     cpu = torch.arange(3.)
     d = cpu.to(dev)
     for t in (cpu, d):

@@ -40,10 +40,12 @@ KNOWN = (
                               r"which lies outside the tensor it was called on"),
      "functional: as_strided of a view reaching past the view's own elements (upstream limit: "
      "functionalize(remove='mutations_and_views') raises the same; documented in the guide)"),
-    ("functional", re.compile(r"FunctionalizationLimit: .*a write through x\.unfold\(.*must keep "
-                              r"the elements between the windows"),
-     "functional: a write through unfold windows with gaps after the view was synced away from "
-     "its base (clear FunctionalizationLimit; the gap values are no longer in the graph)"),
+    ("functional", re.compile(r"FunctionalizationLimit: .*a write through x\.unfold\(.*must (keep "
+                              r"the elements between the windows|write each element the "
+                              r"windows share)"),
+     "functional: a write through unfold windows with gaps, or computed from overlapping "
+     "windows, after the view was synced away from its base (clear FunctionalizationLimit; the "
+     "values it needs are no longer in the graph)"),
     ("functional", re.compile(r"setStorage: .*nothing was raised"),
      "functional: as_strided beyond the storage is not rejected"),
     ("functional", re.compile(r"^functional path, [^:]+: strides"),
