@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import jax
 
-from . import metrics, settings, sharding
+from . import metrics, packed_numbers, settings, sharding
 from .lazy import ir, rng
 from .lazy.ir import DeviceData, Node, Poisoned, ScalarParam, Value
 from .lazy.tensor import LazyTensor, live_tensors, lock
@@ -353,11 +353,11 @@ def _place_on_mesh(graph: Graph) -> None:
             leaf.set_array(jax.device_put(leaf.array, rep))
 
 
-def _jit(graph: Graph, fn):
+def _jit(graph: Graph, fn, donate=None):
     """jax.jit of the graph's function; SPMD graphs state their input and output layouts: inputs
     as the buffers lie, marked roots as marked, other outputs as XLA's propagation picks."""
     if graph.mesh is None:
-        return jax.jit(fn, donate_argnums=graph.donate)
+        return jax.jit(fn, donate_argnums=graph.donate if donate is None else donate)
     rep = jax.sharding.NamedSharding(graph.mesh, jax.sharding.PartitionSpec())
     ins = tuple(leaf.array.sharding if type(leaf) is DeviceData else rep for leaf in graph.leaves)
     outs = []
@@ -376,9 +376,15 @@ def compile_graph(graph: Graph, params: list, baked: dict | None = None):
     start = time.perf_counter_ns()
     if baked:
         fn, params, graph = _bake(graph, fn, params, baked)
-    jitted = _jit(graph, fn)
-    lowered = jitted.lower(*params)
+    plan = packed_numbers.layout(params) if graph.mesh is None else None
+    donate = None
+    if plan is not None:          # the numbers travel as one vector per kind
+        fn, donate = packed_numbers.pack(fn, len(params), plan, graph.donate)
+        params = packed_numbers.host_params(params, plan)
+    lowered = _jit(graph, fn, donate).lower(*params)
     compiled = lowered.compile()
+    if plan is not None:
+        compiled = packed_numbers.Packed(compiled, plan)
     elapsed = time.perf_counter_ns() - start
     metrics.sample("CompileTime", elapsed)
     compiled.xla_compat_compile_ns = elapsed

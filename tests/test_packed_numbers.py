@@ -1,0 +1,101 @@
+"""A graph's Python numbers reach its executable packed, one host vector per kind (issue 8):
+the results are eager's for every dtype a number meets, and new numbers never recompile."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import xla_compat as xc
+from xla_compat import executor, metrics, packed_numbers
+from tests.conftest import assert_same
+
+
+def _program(x, a, b, k):
+    """Numbers of every kind (float, int, bool, complex-free) meeting a tensor of x's dtype."""
+    y = x * a + b
+    y = y - k
+    y = torch.where(y > a, y, y * 2)
+    return y.clamp(min=-b, max=b * 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                                   torch.int32, torch.int64, torch.uint8])
+def test_numbers_keep_their_weak_type_for_every_dtype(path, dev, dtype):
+    cpu = (torch.arange(24) % 7).reshape(4, 6).to(dtype)
+    a, b, k = (2, 5, 1) if not dtype.is_floating_point else (0.75, 2.5, 1)
+    expected = _program(cpu, a, b, k)
+    got = _program(cpu.to(dev), a, b, k)
+    xc.sync()
+    assert type(executor._last_compiled) is packed_numbers.Packed
+    assert got.dtype == expected.dtype
+    assert_same(got, expected, rtol=0, atol=0)
+
+
+def test_float32_arithmetic_with_numbers_rounds_like_eager(path, dev):
+    # A number made a float64 operand would compute in float64 and round once at the end:
+    # thousands of the elements would differ from eager's float32 arithmetic by an ulp. (abs
+    # between the ops: XLA's CPU compiler contracts x * a + b into one fused multiply-add, which
+    # rounds once where eager rounds twice; that ulp is XLA's, not the numbers'.)
+    cpu = torch.randn(64, 64, generator=torch.Generator().manual_seed(3))
+    expected = (cpu * 0.3333333).abs() - 0.05
+    got = (cpu.to(dev) * 0.3333333).abs() - 0.05
+    assert_same(got, expected, rtol=0, atol=0)
+
+
+def test_comparisons_with_numbers_happen_in_the_tensors_dtype(path, dev):
+    # float32(0.1) > 0.1 in float64, but not in float32 (eager compares in float32): a number
+    # passed as a float64 operand would flip these.
+    def compare(t):
+        return (t > 0.1), (t == 0.3), (t <= 0.2), (t > 0.1) & (t < 0.3)
+    cpu = torch.tensor([0.1, 0.2, 0.3, -0.1], dtype=torch.float32)
+    for g, e in zip(compare(cpu.to(dev)), compare(cpu)):
+        assert_same(g, e, rtol=0, atol=0)
+
+
+def test_complex_and_bool_numbers(path, dev):
+    z = torch.tensor([1 + 2j, -3j, 0.5], dtype=torch.complex64)
+    m = torch.tensor([True, False, True])
+    exp = (z * (2 - 1j) + 0.5j, m & True, m.logical_xor(torch.tensor(False)) | False)
+    got = (z.to(dev) * (2 - 1j) + 0.5j, m.to(dev) & True,
+           m.to(dev).logical_xor(torch.tensor(False)) | False)
+    for g, e in zip(got, exp):
+        assert g.dtype == e.dtype
+        assert_same(g, e)
+
+
+def test_new_numbers_run_the_same_executable(path, dev):
+    x = torch.randn(8, 8).to(dev)
+
+    def step(a, b):
+        y = (x * a + b).sin() * (a - b)
+        xc.sync()
+        return y
+    step(0.5, 1.5)
+    compiles = metrics.counter("UncachedCompile")
+    for i in range(5):
+        a, b = 0.1 * i, -0.3 * i
+        assert_same(step(a, b), ((x.cpu() * a + b).sin() * (a - b)))
+    assert metrics.counter("UncachedCompile") == compiles
+
+
+def test_written_tensors_are_still_donated(path, dev):
+    cpu = torch.randn(16, 16)
+    d = cpu.to(dev)
+    xc.sync()
+    for i in range(3):
+        for t in (cpu, d):
+            t.mul_(0.5).add_(i).sub_(0.25 * i)
+        xc.sync()
+    assert metrics.counter("InputOutputAliasCount") >= 3
+    assert_same(d, cpu)
+
+
+def test_layout_groups_numbers_by_kind_and_leaves_one_number_alone():
+    arr = object()
+    plan = packed_numbers.layout([arr, 1.5, 2, arr, 3.0, True, 7])
+    assert plan is not None
+    arrays, groups = plan
+    assert arrays == (0, 3)
+    assert {g[0] for g in groups} == {(1, 4), (2, 6), (5,)}
+    assert packed_numbers.layout([arr, 1.5]) is None          # one number: passed as it is
+    assert packed_numbers.layout([2 ** 70, 1]) is None         # beyond int64: passed as it is
