@@ -12,11 +12,16 @@ same aten op) to name the lowering that is wrong, with the line that created it.
 Lockstep is a debugging mode: every op's values become graph outputs, and buffers a probe's
 graph reads are not donated until the probe has been compared.
 
-A shadow path that fails to lower never reaches the caller: before each sync the shadow's
-pending graph is traced on its own (abstractly, nothing runs, no state changes); a lowering that
-raises is recorded as a mismatch naming the op whose trace created the failing node, the shadow
-twins are dropped, and the session goes on with the authoritative path alone. (An XLA compile or
-execution failure of the shared graph is not told apart by path: it raises as without lockstep.)
+A shadow path that fails never reaches the caller. Before each sync the shadow's pending work
+(every pending value whose graph holds a node the shadow created) is compiled and run as a graph
+of its own, outside the device lock (``detached.py``); only then does the sync run, with the
+authoritative work alone. A shadow lowering, XLA compile or execution that raises, or that takes
+longer than XLA_DUAL_RUN_TIMEOUT, changes no tensor: it is recorded as a mismatch naming the op
+that created the failing node (found by bisecting the op log when XLA does not say), the shadow
+twins are dropped, and the session goes on with the authoritative path alone. The twins of a
+random op draw the same numbers, from the RNG state the authoritative path would have used.
+(A shadow that hangs inside tracing an op holds the device lock in the caller's thread: no
+timeout can end that.)
 """
 from __future__ import annotations
 
@@ -33,11 +38,12 @@ import jax
 import numpy as np
 import torch
 
-from .. import device as _device, dispatch, executor, metrics, paths
+from .. import device as _device, dispatch, executor, metrics, paths, settings
 from ..lazy import ir
 from ..lazy.ir import DeviceData, Value
-from ..lazy.tensor import DEVICE, LazyTensor, lock
-from . import oracle
+from ..lazy import rng as device_rng
+from ..lazy.tensor import DEVICE, LazyTensor, live_tensors, lock
+from . import detached, oracle
 from .compare import IgnoreRules, Mismatch, compare_arrays, compare_values
 from .function import PATHS, DualRunResult, MismatchError, finish, shadow_of
 from .oracle import flat as _flat, tree_map as _map, where as _where
@@ -150,7 +156,8 @@ class OpRecord:
 class Lockstep:
     """One lockstep session: the pair factory, the op log since the last sync, the comparisons."""
 
-    def __init__(self, strict: bool = False, ignore: tuple[str, ...] = (), name: str = "lockstep"):
+    def __init__(self, strict: bool = False, ignore: tuple[str, ...] = (), name: str = "lockstep",
+                 timeout_s: Optional[float] = None):
         self.auth = dispatch.path()
         self.shadow = shadow_of(self.auth)
         self.strict = strict
@@ -160,7 +167,8 @@ class Lockstep:
         self.pairs: weakref.WeakSet = weakref.WeakSet()     # every pair made in this session
         self.shadow_failure: Optional[str] = None   # set when the shadow failed: auth runs alone
         self._shadow_errors: list[str] = []          # shadow exceptions since the last check
-        self._lowered: set = set()                   # shadow graph keys that traced cleanly
+        self.spans = detached.Spans.empty()          # node ids the shadow created
+        self.timeout_s = settings.get().dual_run_timeout if timeout_s is None else timeout_s
         self.results: list[DualRunResult] = []
         self.first_divergence: Optional[dict] = None
         self.ops = 0
@@ -196,17 +204,26 @@ class Lockstep:
         source = _user_source()
         first = next(ir._ids)
         outs, errors = {}, {}
+        rng_before = rng_after = device_rng.state()
         for p in (self.auth, self.shadow):
             try:
                 a, k = self._unwrap(args, p), self._unwrap(kwargs, p)
             except _Missing:
                 continue
             start, nodes0 = time.perf_counter(), metrics.counter("IrNodes")
+            if p == self.shadow:     # the shadow draws what the authoritative path drew
+                rng_after = device_rng.state()
+                device_rng.advance(rng_before)
+                span = self.spans.open()
             try:
                 with _twin(p):
                     outs[p] = func(*a, **k)
             except Exception as e:  # compared below; the authoritative error is re-raised
                 errors[p] = e
+            finally:
+                if p == self.shadow:
+                    self.spans.close(span)
+                    device_rng.advance(rng_after)
             self.wall_s[p] += time.perf_counter() - start
             self.nodes[p] += metrics.counter("IrNodes") - nodes0
         rec = OpRecord(self.ops, str(func), source, [_describe(x) for x in _flat((args, kwargs))
@@ -312,8 +329,11 @@ class Lockstep:
             seen.add(id(pair))
             probes = {}
             for p, twin in pair._twins.items():
+                span = self.spans.open() if p == self.shadow else None
                 with _twin(p):
                     v = _value_of(twin, p)
+                if span is not None:
+                    self.spans.close(span)
                 probes[p] = LazyTensor(v, v.aval.shape, twin.dtype)
                 rec.values.setdefault(p, []).append(v)
             rec.checks.append((label, pair.dtype, probes))
@@ -322,60 +342,68 @@ class Lockstep:
     def probes(self) -> list:
         return [t for r in self.records for _, _, pr in r.checks for t in pr.values()]
 
-    def check_shadow(self, tensors=None) -> None:
-        """Before a sync: trace the graph of the shadow twins of ``tensors`` (every pair of the
-        session when None) and of the shadow's probes, abstractly. A lowering that raises is
-        recorded and the shadow dropped (``_drop_shadow``), so the sync that follows runs the
-        authoritative path alone instead of raising the shadow's error to the caller."""
-        with lock:
-            self._check_shadow(tensors)
-
-    def _check_shadow(self, tensors) -> None:
+    def sync_shadow(self, tensors=None) -> None:
+        """Before a sync of ``tensors`` (a full sync when None): materialise the shadow's pending
+        work in a graph of its own (``detached.run``). A failure or a timeout is recorded and the
+        shadow dropped (``_drop_shadow``), so the sync that follows runs the authoritative work
+        alone and the shadow's error never reaches the caller."""
         if self.shadow_failure:
             return
+        with lock:
+            roots = self._shadow_work(tensors)
+        if not roots:
+            return
+        try:
+            detached.run(roots, self.timeout_s)
+        except Exception as e:  # the shadow's failure is a finding, not the caller's error
+            self._drop_shadow(e)
+
+    def _shadow_work(self, tensors) -> list:
         pairs = list(self.pairs) if tensors is None else [t for t in tensors
                                                           if isinstance(t, PairTensor)]
         twins = [p._twins[self.shadow] for p in pairs if self.shadow in p._twins]
+        span = self.spans.open()
         try:
-            paths.before_sync(twins)
-            roots = [t._value for t in paths.inner_tensors(twins)]
-            roots += [pr[self.shadow]._value for r in self.records for _, _, pr in r.checks
-                      if self.shadow in pr]
-            roots = list(dict.fromkeys(v for v in roots if not v.node.is_leaf))
-            if not roots:
-                return
-            graph = executor.collect(roots)
-            if graph.key in self._lowered:
-                return
-            params = [jax.ShapeDtypeStruct(leaf.avals[0].shape, leaf.avals[0].dtype)
-                      if type(leaf) is DeviceData else leaf.value for leaf in graph.leaves]
-            jax.eval_shape(executor.build_function(graph), *params)
-        except Exception as e:  # the shadow's failure is a finding, not the caller's error
-            self._drop_shadow(e)
-            return
-        if len(self._lowered) > 1024:
-            self._lowered.clear()
-        self._lowered.add(graph.key)
+            with _twin(self.shadow):
+                paths.before_sync(twins)
+                values = [t._value for t in paths.inner_tensors(twins)]
+        finally:
+            self.spans.close(span)
+        values += [pr[self.shadow]._value for r in self.records for _, _, pr in r.checks
+                   if self.shadow in pr]
+        if tensors is None:      # a full sync: whatever else holds shadow work (path storages)
+            values += [t._value for t in live_tensors()]
+            values += executor._extra_roots()
+        return detached.shadow_roots(values, self.spans)
 
     def _drop_shadow(self, error: Exception) -> None:
-        """Record a shadow sync failure on the op that created the failing node, then forget the
-        shadow twins: from here on the session runs the authoritative path alone."""
+        """Record a shadow sync failure on the op that created the failing node (the first op
+        whose shadow values fail, when XLA names no node), then forget the shadow twins: from
+        here on the session runs the authoritative path alone."""
         text = f"{type(error).__name__}: {str(error)[:2000]}"
         self.shadow_failure = text
         self._shadow_errors.append(text)
         node = getattr(error, "xla_compat_node", None)
+        timed_out = isinstance(error, detached.ShadowTimeout)
         rec = None
         if node is not None:
             rec = next((r for r in self.records if r.first_node < node.id < r.last_node), None)
+        elif not timed_out:
+            i = detached.first_failing([r.values.get(self.shadow, []) for r in self.records],
+                                       self.timeout_s)
+            rec = self.records[i] if i is not None else None
         if rec is None:          # not created by a recorded op (or no node known): a sync record
             rec = OpRecord(self.ops, node.op if node is not None else "sync",
                            node.source if node is not None else None, [], [], 0, 0)
             self.ops += 1
             self._log(rec)
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        rec.problem = Mismatch(f"op {rec.op}", "exception",
-                               f"the shadow ({self.shadow}) path failed at sync: "
-                               f"{type(error).__name__}: {first_line[:500]}")
+        if timed_out:
+            rec.problem = Mismatch(f"op {rec.op}", "timeout", f"shadow timed out: {first_line}")
+        else:
+            rec.problem = Mismatch(f"op {rec.op}", "exception",
+                                   f"the shadow ({self.shadow}) path failed at sync: "
+                                   f"{type(error).__name__}: {first_line[:500]}")
         if node is not None:
             rec.culprit = oracle.culprit(self.shadow, node, f"sync failed: {text[:500]}")
         for pair in list(self.pairs):
@@ -494,7 +522,7 @@ class _SyncHook:
     @staticmethod
     def before(tensors):
         if _active is not None and not _inside():
-            _active.check_shadow(tensors)
+            _active.sync_shadow(tensors)
         if tensors is None:
             return None
         if _active is not None:
@@ -504,6 +532,8 @@ class _SyncHook:
     @staticmethod
     def after(tensors):
         if _active is not None and not _inside():
+            if tensors is None:      # every pending value is device data now
+                _active.spans.clear()
             _active.check()
 
 
@@ -521,14 +551,15 @@ def _install_hooks() -> None:
         lambda: list(_active.protected()) if _active is not None else [])
 
 
-def start(strict: bool = False, ignore: tuple[str, ...] = (), name: str = "lockstep") -> Lockstep:
+def start(strict: bool = False, ignore: tuple[str, ...] = (), name: str = "lockstep",
+          timeout_s: Optional[float] = None) -> Lockstep:
     """Turn lockstep on for the process (XLA_DUAL_RUN=lockstep does this at first device use)."""
     global _active
     if _active is not None:
         raise RuntimeError("xla_compat: lockstep is already on; nest no second `xc.lockstep()`")
     _install_factory()
     _install_hooks()
-    _active = Lockstep(strict=strict, ignore=ignore, name=name)
+    _active = Lockstep(strict=strict, ignore=ignore, name=name, timeout_s=timeout_s)
     return _active
 
 
@@ -540,14 +571,16 @@ def stop() -> Optional[Lockstep]:
 
 
 @contextlib.contextmanager
-def lockstep(strict: bool = False, ignore: tuple[str, ...] = ()):
+def lockstep(strict: bool = False, ignore: tuple[str, ...] = (), timeout_s: Optional[float] = None):
     """New device tensors in the block run every op on both paths; syncs compare them.
 
     Yields the session: ``.first_divergence`` (the first op whose values differed, with its
     line, shapes and the lowering PyTorch on the CPU disagrees with), ``.results`` (one
     DualRunResult per sync). Leaving the block syncs and compares what is still pending.
+    ``timeout_s`` (default XLA_DUAL_RUN_TIMEOUT, else none) abandons a shadow graph that takes
+    longer to compile and run; the shadow is then dropped and recorded as timed out.
     """
-    session = start(strict=strict, ignore=ignore)
+    session = start(strict=strict, ignore=ignore, timeout_s=timeout_s)
     try:
         yield session
         if session.records:

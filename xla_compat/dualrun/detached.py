@@ -1,0 +1,219 @@
+"""Running the shadow path's pending graph on its own, so that its failure cannot reach the caller.
+
+A shared sync compiles and runs one graph for both paths: a shadow node that XLA cannot compile
+or run would fail the authoritative values with it, and the executor's failure handling (roll
+every pending tensor and every alias storage back) would undo authoritative work. Here the
+shadow's roots are compiled and run as a graph of their own, without donation and outside the
+device lock (in a worker thread when a timeout is set, so a hang is abandoned at the deadline).
+Only when it succeeds are the shadow's tensors rebound to the results, exactly as a sync rebinds
+them; a failure or a timeout changes nothing and is returned to the caller as a finding.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import jax
+
+from .. import executor
+from ..lazy import ir
+from ..lazy.ir import DeviceData, Value
+from ..lazy.tensor import live_tensors, lock
+from ..lazy.tracer import LoweringError
+
+
+class ShadowTimeout(TimeoutError):
+    """The shadow's graph did not compile and run within the dual-run timeout."""
+
+
+class ShadowGraphError(RuntimeError):
+    """XLA failed to compile or run the shadow's graph (the error it raised is the cause)."""
+
+
+@dataclass
+class Spans:
+    """Node id ranges created while the shadow path ran: a node inside one is the shadow's."""
+
+    starts: list
+    ends: list
+
+    @classmethod
+    def empty(cls) -> "Spans":
+        return cls([], [])
+
+    def open(self) -> int:
+        return next(ir._ids)
+
+    def close(self, start: int) -> None:
+        self.starts.append(start)
+        self.ends.append(next(ir._ids))
+
+    def owns(self, node_id: int) -> bool:
+        i = bisect.bisect_right(self.starts, node_id) - 1
+        return i >= 0 and node_id < self.ends[i]
+
+    def clear(self) -> None:
+        self.starts.clear()
+        self.ends.clear()
+
+
+def shadow_roots(candidates: Iterable[Value], spans: Spans) -> list[Value]:
+    """The pending ``candidates`` whose graph reaches a node the shadow created. The two paths
+    never feed each other (lockstep isolates the RNG per op), so the rest is the authoritative
+    path's work, or work both share (made before the pair existed), and stays in the main sync."""
+    memo: dict = {}
+    out, seen = [], set()
+    for v in candidates:
+        if v.node.is_leaf or v in seen:
+            continue
+        seen.add(v)
+        if _reaches(v.node, spans, memo):
+            out.append(v)
+    return out
+
+
+def _reaches(root, spans: Spans, memo: dict) -> bool:
+    """Does ``root``'s graph hold a shadow node? (post-order walk, memoised by node id)"""
+    stack = [(root, False)]
+    while stack:
+        n, done = stack.pop()
+        key = id(n)
+        if done:
+            memo[key] = spans.owns(n.id) or any(memo[id(v.node)] for v in n.inputs)
+            continue
+        if key in memo:
+            continue
+        memo[key] = False                 # provisional; a DAG has no cycles
+        stack.append((n, True))
+        for v in n.inputs:
+            if id(v.node) not in memo:
+                stack.append((v.node, False))
+    return memo[id(root)]
+
+
+def _params(graph) -> list:
+    if graph.mesh is not None:
+        executor._place_on_mesh(graph)
+    return [leaf.array if type(leaf) is DeviceData else leaf.value for leaf in graph.leaves]
+
+
+def _compile_and_run(graph, params):
+    doing = "compiling"
+    try:
+        compiled = executor.cache.get(graph.key)
+        if compiled is None:
+            compiled = executor.compile_graph(graph, params)
+            executor.cache.put(graph.key, compiled)
+        doing = "running"
+        before = getattr(executor, "_before_execute", None)   # where tests plant execution faults
+        if before is not None:
+            before(graph)
+        outputs = compiled(*params)
+        jax.block_until_ready(outputs)
+        return outputs
+    except LoweringError:
+        raise                     # names its node already
+    except Exception as e:
+        raise ShadowGraphError(f"{doing} the shadow's graph of {len(graph.nodes)} ops failed: "
+                               f"{type(e).__name__}: {e}") from e
+
+
+class _InFlight:
+    """Leaves of shadow graphs still running (an abandoned hang included): never donate them."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._graphs: dict = {}
+
+    def add(self, graph) -> int:
+        with self._lock:
+            self._graphs[id(graph)] = [Value(leaf, 0) for leaf in graph.leaves
+                                       if type(leaf) is DeviceData]
+            return id(graph)
+
+    def remove(self, key: int) -> None:
+        with self._lock:
+            self._graphs.pop(key, None)
+
+    def values(self) -> list:
+        with self._lock:
+            return [v for vs in self._graphs.values() for v in vs]
+
+
+in_flight = _InFlight()
+executor.register_value_holder(in_flight.values)
+
+
+def run(roots: list[Value], timeout_s: Optional[float] = None, *, rebind: bool = True):
+    """Compile and run the graph of ``roots`` on its own (no donation), outside the device lock;
+    with ``timeout_s`` in a daemon worker, abandoned at the deadline (``ShadowTimeout``). On
+    success the tensors (and path storages) holding ``roots`` are rebound as a sync rebinds them,
+    unless ``rebind`` is False (a trial run). Any failure propagates with nothing changed."""
+    with lock:
+        graph = executor.collect(roots)
+        params = _params(graph)
+    key = in_flight.add(graph)
+    box: list = []
+
+    def work():
+        try:
+            box.append(("ok", _compile_and_run(graph, params)))
+        except BaseException as e:  # handed to the waiting thread
+            box.append(("error", e))
+        finally:
+            in_flight.remove(key)
+
+    if timeout_s is None:
+        work()
+    else:
+        worker = threading.Thread(target=work, name="xla_compat-lockstep-shadow", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if not box:
+            raise ShadowTimeout(f"the shadow's graph ({len(graph.nodes)} ops) did not compile and "
+                                f"run within {timeout_s:g} s and was abandoned (raise "
+                                f"XLA_DUAL_RUN_TIMEOUT if it is just slow)")
+    status, value = box[0]
+    if status == "error":
+        raise value
+    if rebind:
+        _rebind(graph, value)
+
+
+def _rebind(graph, outputs) -> None:
+    mapping = {v: ir.leaf(arr) for v, arr in zip(graph.roots, outputs)}
+    with lock:
+        for t in live_tensors():
+            new = mapping.get(t._value)
+            if new is not None:
+                t._value = new
+                t._last_data = new
+        for fn in executor._rebinders:       # path storages (legacy alias bases)
+            fn(mapping)
+
+
+def first_failing(groups: list[list[Value]], timeout_s: Optional[float] = None) -> Optional[int]:
+    """The index of the first group whose values (with every earlier group's) fail to compile
+    or run, by bisection over prefixes; None when even all of them run (a flaky failure)."""
+    def fails(k: int) -> bool:
+        roots = list(dict.fromkeys(v for g in groups[:k] for v in g if not v.node.is_leaf))
+        if not roots:
+            return False
+        try:
+            run(roots, timeout_s, rebind=False)
+        except Exception:
+            return True
+        return False
+
+    lo, hi = 0, len(groups)          # invariant: prefix lo runs, prefix hi fails
+    if hi == 0 or not fails(hi):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fails(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi - 1
