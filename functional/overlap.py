@@ -23,6 +23,9 @@ is resolved earlier, where the source's strides are known (``copy_walk``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -35,6 +38,26 @@ from .writes import unfold_positions
 aten = torch.ops.aten
 
 _ACCUMULATING = {"aten.index_add.default", "aten.scatter_add.default"}
+# Ops that write some elements of their first input without reading them.
+_SETTING = {"aten.index_put.default", "aten.index_fill.int_Scalar", "aten.index_fill.int_Tensor",
+            "aten.index_copy.default", "aten.scatter.src", "aten.scatter.value",
+            "aten.masked_scatter.default", "aten.put.default"}
+
+
+@dataclass(frozen=True)
+class FullLike:
+    """IR rule: ``x`` with every element ``value``."""
+
+    value: int
+
+    def __call__(self, x):
+        return jnp.full_like(x, self.value)
+
+
+def _replay(node, index, read, cur) -> Value:
+    """``node`` computed again with ``cur`` wherever it read ``read``."""
+    inputs = tuple(cur if v == read else v for v in node.inputs)
+    return Value(Node(node.op, node.rule, node.args, node.kwargs, inputs, node.avals), index)
 
 
 def _contiguous(shape) -> tuple:
@@ -97,14 +120,17 @@ def unfold_walk(read: Value, new: Value, sizes, dim, size, step) -> Value:
         cur, res = read, new
         for r, src in enumerate(walk.rounds):
             if r:
-                inputs = tuple(cur if v == read else v for v in node.inputs)
-                res = Value(Node(node.op, node.rule, node.args, node.kwargs, inputs, node.avals),
-                            new.index)
+                res = _replay(node, new.index, read, cur)
             cur = lv.walk_node(lv.TakeRound(lv._table(src)), (cur, res), aval)
         return cur
     if on_read:
         rule = lv.LastChanged(lv._table(walk.group), walk.groups, lv._table(walk.rank))
-        return lv.walk_node(rule, (read, new), aval)
+        inputs = (read, new)
+        if node.op in _SETTING and not _accumulates(node):
+            # Written: the elements whose result does not depend on what they held.
+            inputs += tuple(_replay(node, new.index, read, lv.walk_node(FullLike(v), (read,), aval))
+                            for v in (0, 1))
+        return lv.walk_node(rule, inputs, aval)
     return lv.walk_node(lv.TakeLast(lv._table(walk.last)), (read, new), aval)
 
 

@@ -27,6 +27,10 @@ aten = torch.ops.aten
 # In-place ops whose writes add into the memory they reach (their functional variant on zeros
 # gives each element's contribution).
 ACCUMULATING = frozenset({aten.index_add_.default, aten.scatter_add_.default})
+# In-place ops that write some elements without reading them (the last written one wins).
+SETTING = frozenset({aten.index_put_.default, aten.index_fill_.int_Scalar,
+                     aten.index_fill_.int_Tensor, aten.index_copy_.default, aten.scatter_.src,
+                     aten.scatter_.value, aten.masked_scatter_.default, aten.put_.default})
 
 
 def positions(t) -> np.ndarray | None:
@@ -116,7 +120,8 @@ def in_place(func, args, kwargs):
         if isinstance(src, LegacyTensor) and last_write(t, src, [t, src]):
             return t
         return NotImplemented
-    if functional is None or not (func in ACCUMULATING or torch.Tag.pointwise in functional.tags):
+    if functional is None or not (func in ACCUMULATING or func in SETTING
+                                  or torch.Tag.pointwise in functional.tags):
         return NotImplemented
     tracer.meta(func, args, kwargs)               # eager's errors (shapes, dtypes)
     _refuse_live_reads(func, t, operands)
@@ -132,6 +137,16 @@ def in_place(func, args, kwargs):
         delta = functional(zeros, *args[1:], **kwargs)
         rule = lv.SumChanges(lv._table(walk.group), walk.groups, True)
         t._value = _apply(rule, snapshot, delta)._value
+        return t
+    if func in SETTING:
+        # Which elements the op writes: those whose result does not depend on what they held.
+        a, b = (call(torch.full(tuple(t.shape), v, dtype=t.dtype, device=t.device))
+                for v in (0, 1))
+        walk = lv.OverlapWalk(pos, np.arange(pos.size))
+        rule = lv.LastChanged(lv._table(walk.group), walk.groups, lv._table(walk.rank))
+        aval = Aval(tuple(t.shape), _jax.to_jax_dtype(t.dtype))
+        inputs = (snapshot._value, call(snapshot)._value, a._value, b._value)
+        t._value = lv.walk_node(rule, inputs, aval)
         return t
     order = lv.iteration_order(tuple(t.shape), [tuple(t.stride())] + _strides(t, [t] + operands))
     res = call(snapshot)

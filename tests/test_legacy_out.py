@@ -136,11 +136,7 @@ def test_data_dependent_out_op_resizes_and_fills_its_out_tensor(path, dev, op, d
     lambda x, o: torch.exp(x, out=o),
     lambda x, o: torch.masked_select(x, x > 0, out=o),      # no meta kernel
 ], ids=["exp", "masked_select"])
-def test_out_of_a_dtype_the_result_cannot_be_cast_to_raises_like_eager(path, dev, op, request):
-    if path == "functional" and "masked_select" in request.node.name:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): masked_select(out=int64 tensor) of a float input truncates "
-            "silently; eager raises (the .out overload has no meta kernel to check it)")))
+def test_out_of_a_dtype_the_result_cannot_be_cast_to_raises_like_eager(path, dev, op):
     x = torch.randn(4)
     with pytest.raises(RuntimeError) as eager:
         op(x, torch.zeros(4, dtype=torch.int64))
@@ -150,12 +146,8 @@ def test_out_of_a_dtype_the_result_cannot_be_cast_to_raises_like_eager(path, dev
     assert_same(out, torch.zeros(4, dtype=torch.int64))     # unchanged, as in eager
 
 
-def test_out_resized_within_its_storage_writes_its_base(path, dev, request):
+def test_out_resized_within_its_storage_writes_its_base(path, dev):
     """Eager's resize_ of an out view keeps its storage when the new size fits there."""
-    if path == "functional":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): an out= view resized to another rank fails to lower "
-            "(slice_scatter: update (2, 2) for operand (12,))")))
     x = torch.arange(4.).reshape(2, 2)
     base_cpu = torch.zeros(12)
     base_dev = base_cpu.to(dev)

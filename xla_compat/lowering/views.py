@@ -247,11 +247,28 @@ def slice_scatter(x, src, d=0, start=None, end=None, step=1):
     d = dim(d, x.ndim)
     start, end, step = _slice_bounds(x.shape[d], start, end, step)
     src = src.astype(x.dtype)
+    sliced = x.shape[:d] + (len(range(start, end, step)),) + x.shape[d + 1:]
+    if tuple(src.shape) != sliced:
+        return _resized_slice_scatter(x, src, d, start)
     if step == 1:
         return lax.dynamic_update_slice_in_dim(x, src, start, axis=d)
     index = [slice(None)] * x.ndim
     index[d] = slice(start, end, step)
     return x.at[tuple(index)].set(src)
+
+
+def _resized_slice_scatter(x, src, d, start):
+    """The write-back of a slice view that an out= op resized to another shape: eager's
+    ``resize_`` keeps the view's storage and offset with contiguous strides, so ``src`` lands,
+    flattened, on the storage elements from the slice's first one (``x`` laid out contiguously,
+    as the base of a view is here)."""
+    offset = start * int(np.prod(x.shape[d + 1:], dtype=np.int64))
+    flat = jnp.reshape(x, (-1,))
+    if offset + src.size > flat.size:
+        raise ValueError(f"slice_scatter: a resized view of {src.size} elements from storage "
+                         f"offset {offset} does not fit in a base of {flat.size} elements")
+    return jnp.reshape(lax.dynamic_update_slice(flat, jnp.reshape(src, (-1,)), (offset,)),
+                       x.shape)
 
 
 @lowering(aten.select_scatter.default)
@@ -461,17 +478,21 @@ class SumChanges:
 @dataclass(frozen=True)
 class LastChanged:
     """IR rule: every element takes the value of its group's last visited element that the write
-    changed, or keeps its own (a write of some elements only: index_put_, scatter_, ...)."""
+    wrote, or keeps its own (a write of some elements only: index_put_, scatter_, ...). Written
+    are the elements where the op's results ``a`` and ``b`` on two different inputs agree (a
+    write does not read the element it writes), or without them those it changed."""
 
     group: bytes
     groups: int
     rank: bytes
 
-    def __call__(self, x, new):
+    def __call__(self, x, new, a=None, b=None):
         gid, rank = _array(self.group), _array(self.rank)
         flat_x = jnp.reshape(x, (-1,))
         flat_new = jnp.reshape(new, (-1,)).astype(x.dtype)
-        key = jnp.where(flat_new != flat_x, rank, -1)
+        written = (flat_new != flat_x) if a is None else (jnp.reshape(a, (-1,))
+                                                          == jnp.reshape(b, (-1,)))
+        key = jnp.where(written, rank, -1)
         best = jnp.full(self.groups, -1, jnp.int64).at[gid].max(key)[gid]
         chosen = flat_new[jnp.asarray(np.argsort(rank))[jnp.maximum(best, 0)]]
         return jnp.reshape(jnp.where(best >= 0, chosen, flat_x), x.shape)

@@ -1,0 +1,194 @@
+"""Writes into views whose elements overlap (unfold with step < size, as_strided), and out= views
+resized within their storage, against CPU eager.
+
+Eager runs such a write element by element over the shared memory in its TensorIterator's order:
+a pointwise in-place op compounds (an element in k windows is doubled k times by ``mul_(2)``),
+a plain write (``copy_``, out=) keeps the last value written there, an accumulating index op
+adds every contribution. Every program runs twice (the second call replays trace plans).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import assert_same
+from xla_compat.lowering.views import OverlapWalk, iteration_order
+
+
+def _run_twice(program, cpu_base, dev):
+    """``program(base)`` twice on CPU and on the device; the bases must agree after each call."""
+    d = cpu_base.clone().to(dev)
+    c = cpu_base.clone()
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program(c)
+            program(d)
+        assert_same(d, c)
+
+
+# -- unfold geometries with overlapping windows: (base shape, dim, size, step) --------------------
+WINDOWS = [((10,), 0, 3, 1), ((10,), 0, 4, 2), ((10,), 0, 8, 1), ((3, 1, 4), -1, 3, 1),
+           ((2, 7), 1, 3, 2), ((6, 2), 0, 3, 1), ((4, 5), 0, 2, 1)]
+
+
+def _windows(t, geometry):
+    _, d, size, step = geometry
+    return t.unfold(d, size, step)
+
+
+def _values(view, dtype, offset=0):
+    """A tensor of the view's shape whose elements all differ (so the element order shows)."""
+    n = view.numel()
+    return (torch.arange(n, dtype=torch.int64).reshape(view.shape) * 3 + offset).to(
+        dtype).to(view.device)
+
+
+@pytest.mark.parametrize("geometry", WINDOWS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+def test_in_place_mul_compounds_once_per_window(path, dev, geometry, dtype):
+    base = torch.arange(1, int(np.prod(geometry[0])) + 1).reshape(geometry[0]).to(dtype)
+    _run_twice(lambda t: _windows(t, geometry).mul_(2), base, dev)
+
+
+@pytest.mark.parametrize("geometry", WINDOWS, ids=str)
+def test_in_place_add_of_a_tensor_adds_every_windows_element(path, dev, geometry):
+    base = torch.arange(int(np.prod(geometry[0]))).reshape(geometry[0]).double()
+    _run_twice(lambda t: (lambda v: v.add_(_values(v, t.dtype)))(_windows(t, geometry)),
+               base, dev)
+
+
+@pytest.mark.parametrize("op", ["sub_div", "clamp_tensor", "add_self", "lerp", "sigmoid"])
+def test_in_place_ops_walk_the_shared_memory_in_eagers_order(path, dev, op):
+    """Non-commuting sequences (clamp with per-element bounds, lerp) show the element order."""
+    def program(t):
+        v = t.unfold(0, 4, 1)
+        if op == "sub_div":
+            v.sub_(1).div_(2)
+        elif op == "clamp_tensor":
+            v.clamp_(max=_values(v, t.dtype) % 7)
+        elif op == "add_self":
+            v.add_(v)
+        elif op == "lerp":
+            v.lerp_(_values(v, t.dtype), 0.25)
+        else:
+            v.sigmoid_()
+    _run_twice(program, torch.arange(9.), dev)
+
+
+@pytest.mark.parametrize("geometry", WINDOWS, ids=str)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_copy_into_overlapping_windows_keeps_the_last_write_in_eagers_order(path, dev, geometry,
+                                                                           transposed):
+    """copy_'s walk order follows the destination's strides, ties broken by the source's."""
+    def program(t):
+        v = _windows(t, geometry)
+        src = _values(v, t.dtype, offset=100)
+        if transposed and v.dim() >= 2:
+            src = src.transpose(-1, -2).contiguous().transpose(-1, -2)
+        v.copy_(src)
+    _run_twice(program, torch.zeros(geometry[0]), dev)
+
+
+@pytest.mark.parametrize("geometry", WINDOWS, ids=str)
+def test_out_into_overlapping_windows_keeps_the_last_write(path, dev, geometry):
+    def program(t):
+        v = _windows(t, geometry)
+        torch.mul(_values(v, t.dtype), -1, out=v)
+    _run_twice(program, torch.zeros(geometry[0]), dev)
+
+
+@pytest.mark.parametrize("op", ["fill", "masked_fill", "index_fill", "index_put", "index_copy",
+                                "scatter", "index_put_accumulate", "index_add", "scatter_add"])
+def test_index_and_fill_ops_on_overlapping_windows_match_eager(path, dev, op):
+    def program(t):
+        v = t.unfold(0, 3, 1)
+        idx = torch.tensor([1, 2], device=t.device)
+        if op == "fill":
+            v.fill_(7)
+        elif op == "masked_fill":
+            v.masked_fill_(_values(v, torch.int64) % 2 == 0, -5)
+        elif op == "index_fill":
+            v.index_fill_(0, idx, -5)
+        elif op == "index_put":
+            v.index_put_((idx,), torch.tensor([-1., -2, -3], device=t.device))
+        elif op == "index_copy":
+            v.index_copy_(0, idx, -torch.arange(6., device=t.device).reshape(2, 3))
+        elif op == "scatter":
+            v.scatter_(1, torch.tensor([[2], [0]] * 4, device=t.device), -9.)
+        elif op == "index_put_accumulate":
+            v.index_put_((idx,), torch.tensor([10., 20, 30], device=t.device), accumulate=True)
+        elif op == "index_add":
+            v.index_add_(0, idx, torch.ones(2, 3, device=t.device))
+        else:
+            v.scatter_add_(1, torch.tensor([[1], [0]] * 4, device=t.device),
+                           torch.ones(8, 1, device=t.device))
+    _run_twice(program, torch.arange(1., 11.), dev)
+
+
+def test_in_place_op_on_overlapping_as_strided_view_compounds_like_eager(path, dev, request):
+    if path == "functional":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "open (functional): a write through an overlapping as_strided view is written back "
+            "by as_strided_scatter (last changed element wins); it does not compound")))
+    _run_twice(lambda t: t.as_strided((4, 3), (2, 1)).mul_(2), torch.arange(1., 11.), dev)
+
+
+def test_in_place_op_on_an_overlapping_view_reads_the_windows_value_after_the_write(path, dev):
+    cpu = torch.arange(1., 11.)
+    d = cpu.to(dev)
+    vc, vd = cpu.unfold(0, 3, 1), d.unfold(0, 3, 1)
+    vc.mul_(3)
+    vd.mul_(3)
+    assert_same(vd, vc)
+    assert_same(d, cpu)
+
+
+def test_out_write_into_overlapping_windows_of_a_transposed_input_is_legacy_exact(path, dev,
+                                                                                request):
+    """Eager breaks the destination's stride tie with the input's strides."""
+    if path == "functional":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "open (functional): an out= op has no meta reference, so the write-back of its "
+            "result sees neither the out tensor nor its inputs' strides; its walk order assumes "
+            "contiguous inputs")))
+    def program(t):
+        src = torch.arange(24., device=t.device).reshape(3, 8).t()
+        torch.mul(src, -1, out=t.unfold(0, 3, 1))
+    _run_twice(program, torch.zeros(10), dev)
+
+
+# -- out= views resized within their storage ------------------------------------------------------
+RESIZED = [((12,), (slice(3, 9),), (2, 2)), ((4, 4), (slice(None), slice(1, 3)), (2, 2)),
+           ((12,), (slice(1, 3),), (3,)), ((12,), (slice(2, 12),), (2, 3)),
+           ((12,), (slice(2, 12, 2),), (2, 2))]
+
+
+@pytest.mark.parametrize("case", RESIZED, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_out_view_resized_within_its_storage_writes_the_storage_from_its_offset(path, dev, case,
+                                                                                dtype):
+    base_shape, index, shape = case
+    src = torch.arange(1, int(np.prod(shape)) + 1).reshape(shape).to(dtype)
+    _run_twice(lambda t: torch.mul(src.to(t.device), 2, out=t[index]),
+               torch.zeros(base_shape, dtype=dtype), dev)
+
+
+# -- the walk order itself ------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,step", [((10,), 1), ((10,), 2), ((3, 9), 1), ((2, 3, 8), 3)])
+def test_iteration_order_reproduces_eagers_last_write_on_cpu(shape, step):
+    """Write each element's own index through overlapping windows on CPU: what survives in each
+    storage element is the index the walk visits last there."""
+    for size in (step + 1, step + 3):
+        base = torch.zeros(shape, dtype=torch.int64)
+        v = base.unfold(-1, size, step)
+        v.copy_(torch.arange(v.numel()).reshape(v.shape))
+        pos = np.arange(base.numel()).reshape(shape)
+        pos = torch.from_numpy(pos).unfold(-1, size, step).numpy()
+        walk = OverlapWalk(pos, iteration_order(tuple(v.shape), [v.stride(), v.stride()]))
+        expected = base.clone().reshape(-1)
+        expected[torch.from_numpy(pos.reshape(-1))] = torch.from_numpy(walk.last)
+        assert torch.equal(base.reshape(-1), expected)
