@@ -131,7 +131,7 @@ def _baseline(previous: str, current_profile: str, machine: dict) -> str:
 
 
 def report(results, workloads_run, args, machine_start, machine_end, profiles: str,
-           previous: str = "") -> str:
+           previous: str = "", floors: str = "") -> str:
     failures = [m for m in results if m.error or not m.ok]
     out = [
         "# Benchmarks: torch eager CPU vs hlo (legacy, functional) vs hand-written JAX",
@@ -153,6 +153,10 @@ def report(results, workloads_run, args, machine_start, machine_end, profiles: s
         "## Medians and ratios",
         "",
         summary_table(results, workloads_run),
+        "",
+        "## The floor of Python dispatch",
+        "",
+        floors,
         "",
         *_notes(previous),
         "## Per variant",

@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
 # made eager steps of 0.25 ms take 70 ms. Passive waiting (read when torch loads) avoids it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from benchmarks import report as rep, workloads  # noqa: E402
+from benchmarks import floor, report as rep, workloads  # noqa: E402
 from benchmarks.measure import VARIANTS, profile, run_workload  # noqa: E402
 
 
@@ -67,13 +67,18 @@ def main(argv=None) -> int:
         print(f"{w.name}: {w.describe()}")
         results += run_workload(w, variants, args.warmup, args.iters)
     prof = profiles("W1")
+    eager = {m.workload: m.median for m in results if m.variant == "eager" and m.ok}
+    floors = floor.table(chosen, eager)
     machine_end = rep.machine()
     print()
     print(rep.summary_table(results, chosen))
+    print()
+    print(floors)
     if args.out:
         out = Path(args.out)
         previous = out.read_text() if out.exists() else ""
-        out.write_text(rep.report(results, chosen, args, machine_start, machine_end, prof, previous))
+        out.write_text(rep.report(results, chosen, args, machine_start, machine_end, prof, previous,
+                                  floors))
         print(f"wrote {out}")
     bad = [m for m in results if not m.ok]
     for m in bad:

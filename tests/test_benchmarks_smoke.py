@@ -124,3 +124,14 @@ def test_dualrun_overhead_script_times_three_modes_and_every_dual_run_matches():
     matched, mismatched, skipped = map(int, counted.groups())
     # warm-up and timed full dual runs (1 + 1) all match; 1% sampling skips almost every call
     assert mismatched == 0 and matched >= 2 and matched + skipped == 2 + 3, out
+
+
+def test_the_dispatch_floor_table_counts_each_workloads_aten_ops():
+    from benchmarks import floor
+    w4 = next(w for w in workloads.TINY if w.name == "W4")
+    # per position: two slices and a copy_ (the slice write), then transpose, select, add_,
+    # select, copy_ (Python's ``v[..., t] += 0.5``); then the sum
+    assert floor.aten_ops_per_step(w4) == 8 * w4.positions + 1
+    assert 0 < floor.dispatch_floor_us(ops=200, rounds=1) < 1000
+    text = floor.table([w4], {"W4": 1.0})
+    assert "| W4 | " in text and "floor / eager" in text
