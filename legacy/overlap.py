@@ -41,6 +41,8 @@ def positions(t) -> np.ndarray | None:
         return None
     if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):
         return None                        # expanded: eager's overlap check says yes
+    if lv.surely_distinct(tuple(t.shape), t.stride()):
+        return None
     pos = lv.strided_index(tuple(t.shape), t.stride(), t.storage_offset())
     return pos if np.unique(pos).size < pos.size else None
 

@@ -156,6 +156,18 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     return jnp.moveaxis(moved, (-2, -1), (d1, d2))
 
 
+def surely_distinct(size, stride) -> bool:
+    """A quick sufficient test that no two elements of a strided layout share a storage
+    position: taken by increasing stride, each dim's stride passes the span of the dims before
+    it. (False means "maybe not": ``strided_index`` and a count tell for sure.)"""
+    span = 0
+    for s, n in sorted((abs(s), n) for n, s in zip(size, stride) if n > 1):
+        if s <= span:
+            return False
+        span += (n - 1) * s
+    return True
+
+
 def strided_index(size, stride, offset):
     """Storage position of every element of a tensor with this geometry (shape ``size``)."""
     idx = np.full(tuple(size), offset, dtype=np.int64)
