@@ -19,6 +19,7 @@ from .wrap import alias_id, before_sync, inner, owns, probe, to_path, wrap
 from .writes import FunctionalizationLimit
 from . import writes_eager as _writes_eager
 from . import eager_resize as _eager_resize
+from . import checks as _checks
 
 VERSION = "1"
 
@@ -34,6 +35,7 @@ IMPL = _paths.PathImpl(
 _boundary.install()
 _writes_eager.install()
 _eager_resize.install()
+_checks.install()
 _paths.register(IMPL)
 _executor.register_rebinder(_after_sync)
 _executor.register_failure_hook(_roll_back)

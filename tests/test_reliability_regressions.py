@@ -51,13 +51,10 @@ def test_int_tensor_written_with_an_int_result_matches_eager(path, dev, write):
     _write_matches_eager(write, torch.arange(4).reshape(2, 2), dev)
 
 
-def test_an_uncastable_out_write_into_another_tensor_keeps_it_intact(path, dev, request):
+def test_an_uncastable_out_write_into_another_tensor_keeps_it_intact(path, dev):
     # Fuzz (Dec 2): torch.add(a, 0.5, out=c) with int64 a and c raises on both paths; on the
-    # functional path c then held a's values (now: the cast result).
-    if path == "functional":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): an out= op has no meta reference, so the inner tensors cannot "
-            "recover the old value of an out= tensor that is not the op's first input")))
+    # functional path c then held a's values, later the cast result (functional/checks.py now
+    # checks the out= write before anything is written).
     a, c = torch.arange(3).reshape(3, 1), torch.arange(3).reshape(3, 1) * 7
     ta, tc = a.to(dev), c.to(dev)
     with pytest.raises(RuntimeError, match="cast"):
@@ -147,11 +144,7 @@ def test_copy_from_a_partially_overlapping_source_raises_like_eager(path, dev, r
     lambda t: torch.add(t, 1, out=t.t()),
 ], ids=["shifted rows", "transposed source", "shifted flat slices", "add_ of the transpose",
         "add_ of shifted rows", "add out= a transposed view"])
-def test_more_partially_overlapping_copies_raise_like_eager(path, dev, write, request):
-    if path == "functional" and request.node.callspec.id.endswith("add out= a transposed view"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): an out= op has no meta reference in its Functionalize kernel, "
-            "so the inner tensors cannot tell the out= tensor from the inputs")))
+def test_more_partially_overlapping_copies_raise_like_eager(path, dev, write):
     cpu = torch.arange(9.).reshape(3, 3)
     with pytest.raises(RuntimeError, match="some elements of the input tensor") as eager:
         write(cpu.clone())
