@@ -93,12 +93,6 @@ def _reaches(root, spans: Spans, memo: dict) -> bool:
     return memo[id(root)]
 
 
-def _params(graph) -> list:
-    if graph.mesh is not None:
-        executor._place_on_mesh(graph)
-    return [leaf.array if type(leaf) is DeviceData else leaf.value for leaf in graph.leaves]
-
-
 def _compile_and_run(graph, params):
     doing = "compiling"
     try:
@@ -117,7 +111,16 @@ def _compile_and_run(graph, params):
         raise                     # names its node already
     except Exception as e:
         raise ShadowGraphError(f"{doing} the shadow's graph of {len(graph.nodes)} ops failed: "
-                               f"{type(e).__name__}: {e}") from e
+                               f"{type(e).__name__}: {_gist(e)}") from e
+
+
+def _gist(e: BaseException) -> str:
+    """One line of ``e``: XLA wraps a host callback's error as a whole traceback, whose last
+    line is the error itself."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} ... {lines[-1]}"
 
 
 class _InFlight:
@@ -153,7 +156,7 @@ def run(roots: list[Value], timeout_s: Optional[float] = None, *, rebind: bool =
     unless ``rebind`` is False (a trial run). Any failure propagates with nothing changed."""
     with lock:
         graph = executor.collect(roots)
-        params = _params(graph)
+        params = executor._params(graph)
     key = in_flight.add(graph)
     box: list = []
 

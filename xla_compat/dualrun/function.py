@@ -202,7 +202,14 @@ def shadow_of(auth: str) -> str:
 def _error_text(e: Optional[BaseException]) -> Optional[str]:
     if e is None:
         return None
-    return f"{type(e).__name__}: {str(e)[:2000]}"
+    text = str(e)
+    if len(text) > 2000:      # XLA quotes a host callback's whole traceback: keep its last line
+        root = e
+        while root.__cause__ is not None:
+            root = root.__cause__
+        last = (str(root).strip().splitlines() or [""])[-1].strip()
+        text = f"{text[:1500]} ... {last[:400]}"
+    return f"{type(e).__name__}: {text}"
 
 
 # -- the dual run ----------------------------------------------------------------------------
