@@ -27,6 +27,14 @@ message, and a partially overlapping source raises at the functional op (writes_
 reference that passed is remembered per geometry and numbers (``clamp_``'s meta kernel alone
 cost ~0.6 ms a call).
 
+**copy_.** ``dst.copy_(src)`` of two views of one storage that partially overlap raises eager's
+error at the Functionalize key, from the wrappers' storage and geometry (writes_eager's check on
+the inner tensors loses the shared storage after a sync or an earlier write).
+
+Cost (2,000 calls, tracing only, this machine): an out= op on the functional path ~9 -> ~16 us
+(~4 us of it is the Python kernel's own dispatch), copy_ ~18 -> ~20.5 us, ``x.add_(1)``
+unchanged, ``clamp_`` ~710 -> ~20 us.
+
 Not covered: ops called in ``torch.inference_mode()`` (no autograd key: nothing reaches the
 kernel), forward-mode AD's out= error, in-place ops whose meta kernel is C++ (``random_``,
 ``put_``, ``bernoulli_.Tensor``).
@@ -161,6 +169,8 @@ def _check_autograd(op, args, kwargs) -> None:
 
 def check_out(spec: OutOp, args, kwargs) -> None:
     """Raise eager's error for writing ``op``'s result into its outs; write nothing."""
+    if len(kwargs) == 1 and _plainly_fine(spec, args, kwargs[spec.outs[0]]):
+        return
     outs = _tensors([kwargs.get(n) for n in spec.outs], [])
     inputs = _tensors(args, [])
     if len(kwargs) > len(spec.outs):
@@ -170,6 +180,31 @@ def check_out(spec: OutOp, args, kwargs) -> None:
             or any(r != o.dtype for r, o in zip(results, outs))
             or _may_overlap(spec.pointwise, outs, inputs)):
         _dry_run(spec, args, kwargs, outs, inputs, results)
+
+
+def _plainly_fine(spec: OutOp, args, out) -> bool:
+    """The common case in one pass: one out tensor of the remembered result dtype, sharing no
+    storage with the inputs (other than being one of them, for a pointwise op), not expanded.
+    Builds ``_result_dtypes``' key for positional tensors and numbers; False: look closer."""
+    if type(out) is not torch.Tensor:
+        return False
+    storage = out.untyped_storage()._cdata
+    key = [spec.op, len(args)]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append(a.dtype)
+            key.append(a.dim() == 0)
+            if a is out:
+                if not spec.pointwise:
+                    return False
+            elif _is_functional(a) and a.untyped_storage()._cdata == storage:
+                return False
+        elif type(a) in _NUMBER:
+            key.append(type(a))
+        else:
+            return False
+    return (_DTYPES.get(tuple(key)) == (out.dtype,)
+            and torch._debug_has_internal_overlap(out) != 1)
 
 
 _DTYPES: dict = {}
@@ -284,7 +319,8 @@ def _dry_run(spec: OutOp, args, kwargs, outs, inputs, results) -> None:
             return type(x)(cpu(e) for e in x)
         return x
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        # (a random op's dry run must not move the user's CPU generator)
+        with warnings.catch_warnings(), torch.no_grad(), torch.random.fork_rng(devices=[]):
             warnings.simplefilter("ignore")
             spec.op(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
     except (RuntimeError, TypeError, ValueError, IndexError) as e:
@@ -385,6 +421,27 @@ def _python_meta(op):
     return None
 
 
+# -- copy_ ------------------------------------------------------------------------------------------
+
+_copy_upstream = None
+
+
+def _copy_functionalize(keyset, self, src, non_blocking=False):
+    """``dst.copy_(src)`` of two views of one storage that partially overlap: eager's error.
+
+    writes_eager checks this on the inner tensors, where a shared storage is two values derived
+    from one through view copies, which a sync or an earlier write ends; the wrappers keep
+    eager's storage. (copy_'s ``src`` is always a tensor, so upstream's kernel is called boxed.)"""
+    if (type(src) is torch.Tensor and src is not self and _is_functional(src)
+            and _is_functional(self) and src.element_size() == self.element_size()
+            and src.untyped_storage()._cdata == self.untyped_storage()._cdata
+            and tracer.partial_overlap((tuple(self.shape), self.stride(), self.storage_offset()),
+                                       (tuple(src.shape), src.stride(), src.storage_offset()))):
+        raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by aten.copy_ on "
+                           f"the functional path; nothing was written)")
+    return _copy_upstream.call_boxed(keyset, self, src, non_blocking)
+
+
 # -- which ops ------------------------------------------------------------------------------------
 
 def _aten_overloads():
@@ -436,6 +493,9 @@ def install() -> None:
         warnings.simplefilter("ignore")
         for op in outs:
             _lib.impl(op, _kernel(OutOp.of(op)), "AutogradPrivateUse1")
+        global _copy_upstream
+        _copy_upstream = torch.library.get_kernel(aten.copy_.default, "Functionalize")
+        _lib.impl(aten.copy_.default, _copy_functionalize, "Functionalize", with_keyset=True)
         for op, meta in in_place:
             _lib.impl(op, _in_place_reference(op, meta), "Meta")
             functional = tracer.mutation_info(op)[2]

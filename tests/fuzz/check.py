@@ -26,11 +26,6 @@ class KnownIssue(Exception):
 KNOWN = (
     ("functional", re.compile(r"as_strided\(\) is non-compositional"),
      "functional: write through as_strided of a view (upstream functionalization limit)"),
-    ("functional", re.compile(r"can't be cast to the desired output type.*nothing was raised"),
-     "functional: result dtype of an in-place op whose meta kernel is C++ and skips the check"),
-    ("functional", re.compile(r"more than one element of the written-.*nothing was raised"),
-     "functional: a write to an expanded view by an in-place op whose meta kernel is C++ "
-     "(clamp_, ...) is not rejected"),
     ("functional", re.compile(r"FunctionalizationLimit: .*writes into a view whose elements "
                               r"overlap"),
      "functional: a write eager allows into an expanded view (fill_, masked_fill_, ...) is "
@@ -50,9 +45,6 @@ KNOWN = (
      "functional: as_strided beyond the storage is not rejected"),
     ("functional", re.compile(r"^functional path, [^:]+: strides"),
      "functional: strides of a tensor after a write through a transposed view"),
-    ("functional", re.compile(r"some elements of the input tensor and.*nothing was raised"),
-     "functional: an out= write (or an in-place op with a C++ meta kernel) whose source "
-     "partially overlaps the written tensor is not rejected"),
 )
 
 
