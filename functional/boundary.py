@@ -92,8 +92,8 @@ def _to_copy_functionalize(self, *, dtype=None, layout=None, device=None, pin_me
     ``hlo`` is wrapped; one on another device (``.cpu()``) is returned as is, as upstream does."""
     inner = self
     if torch._is_functional_tensor(self):
-        torch._sync(self)
-        inner = torch._from_functional_tensor(self)
+        from .wrap import sync_wrapper    # (its lineage's last value: a failed read rolls back)
+        inner = sync_wrapper(self)
     with torch._C._ExcludeDispatchKeyGuard(_FUNCTIONALIZE):
         out = torch.ops.aten._to_copy.default(
             inner, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,

@@ -149,7 +149,7 @@ def before_sync(tensors=None) -> None:
             _in_flight.append((weakref.ref(w), inner_t))
 
 
-def roll_back(error) -> None:
+def roll_back(error, roots=None) -> None:
     """Executor failure hook: the core returned each in-flight inner tensor to its last value (or
     poisoned it); committing that value as the wrapper's update makes its views regenerate from
     it instead of keeping their own poisoned inner tensors."""

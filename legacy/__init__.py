@@ -81,10 +81,14 @@ def _rebind(mapping) -> None:
             t._gen = a.gen
 
 
-def _roll_back(error) -> None:
-    """A failed sync: every storage returns to its last materialised value (see Alias)."""
+def _roll_back(error, roots=None) -> None:
+    """A failed sync: every storage it computed returns to its last materialised value (see
+    Alias); after a failed partial sync (one tensor's read) the others keep their pending
+    writes."""
+    nodes = None if roots is None else executor.reaches(roots)
     for a in _alias.live_aliases():
-        a.roll_back(error)
+        if nodes is None or any(v.node in nodes for v in a.values()):
+            a.roll_back(error)
 
 
 def _probe():

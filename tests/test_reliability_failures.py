@@ -208,3 +208,29 @@ def test_a_compile_error_names_the_ops_and_where_they_were_created(path, dev, mo
     monkeypatch.undo()
     torch.testing.assert_close(x.cpu(), torch.arange(3.0))
     torch.testing.assert_close((x * 2).cpu(), torch.arange(3.0) * 2)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_failed_read_of_one_tensor_keeps_the_pending_writes_of_the_others(path, dev, fault):
+    # A sync of one tensor (its .cpu()) fails: only what that sync computes returns to its last
+    # value; the other tensors' pending writes (views included) are still there afterwards.
+    plant, error = FAULTS[fault]
+    x, w, z = _state(dev)
+    x_cpu, w_cpu, z_cpu = x.cpu(), w.cpu(), z.cpu()
+    v = w[1:]
+    v.mul_(3)                      # pending on w's storage, through a view
+    z.add_(5)                      # pending on z
+    for t in (w_cpu[1:],):
+        t.mul_(3)
+    z_cpu.add_(5)
+    undo = plant()
+    try:
+        x.add_(x)                  # the read that fails computes only x
+        with pytest.raises(error):
+            x.cpu()
+    finally:
+        undo()
+    torch.testing.assert_close(x.cpu(), x_cpu)       # back to its last value
+    torch.testing.assert_close(w.cpu(), w_cpu)       # its pending write kept
+    torch.testing.assert_close(v.cpu(), w_cpu[1:])
+    torch.testing.assert_close(z.cpu(), z_cpu)

@@ -39,8 +39,11 @@ _failure_hooks: list = []
 
 
 def register_failure_hook(fn) -> None:
-    """``fn(error)`` is called after a failed sync, once the core has rolled its tensors back;
-    a path puts state the core cannot see (legacy alias bases) back to its last value."""
+    """``fn(error, roots)`` is called after a failed sync, once the core has rolled its tensors
+    back; a path puts state the core cannot see (legacy alias bases) back to its last value.
+    ``roots``: the Values the failed sync computed, or None for a full sync (everything pending
+    was in it). Only state those roots depend on may be rolled back: a failed read of one
+    tensor must not drop another tensor's pending writes."""
     _failure_hooks.append(fn)
 
 
@@ -498,7 +501,7 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
         try:
             graph, compiled, outputs = _execute(roots, donatable, predecessor)
         except BaseException as e:
-            _rollback(pending, e)
+            _rollback(pending, e, None if full else roots)
             raise
         mapping: dict = {}
         for v, arr in zip(graph.roots, outputs):
@@ -685,7 +688,7 @@ def _before_execute(graph: Graph) -> None:
         hook(graph)
 
 
-def _rollback(pending: list, error: BaseException) -> None:
+def _rollback(pending: list, error: BaseException, roots=None) -> None:
     """After a failed sync: every pending tensor returns to its last materialised value."""
     metrics.inc("FailedSync")
     for t in pending:
@@ -695,7 +698,7 @@ def _rollback(pending: list, error: BaseException) -> None:
         else:
             t._value = Value(Poisoned(t._value.node.avals, poison_error(error)), t._value.index)
     for fn in _failure_hooks:
-        fn(error)
+        fn(error, roots)
 
 
 def poison_error(error: BaseException) -> RuntimeError:
@@ -751,3 +754,15 @@ def wait_device_ops() -> None:
 
 def clear_cache() -> None:
     cache.clear()
+
+
+def reaches(roots) -> set:
+    """The nodes the Values ``roots`` are computed from (themselves included)."""
+    seen: set = set()
+    stack = [v.node for v in roots]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(v.node for v in node.inputs)
+    return seen
