@@ -21,6 +21,7 @@ from . import strides, viewchain, writes
 
 aten = torch.ops.aten
 _state = threading.local()
+_LIFT_FRESH = aten.lift_fresh.default
 
 
 def tracing() -> bool:
@@ -43,6 +44,11 @@ class FunctionalInner(LazyTensor):
         kwargs = kwargs or {}
         if len(types) > 1:
             tracer.check_paths(types, func)
+        if func is _LIFT_FRESH and not tracing():
+            # torch.tensor(data, device=hlo) / as_tensor: the fresh tensor is made below the
+            # Functionalize key, so it is bare; lifting it makes it a user tensor (a wrapper).
+            from .wrap import wrap
+            return wrap(args[0], lifting=True)
         _state.depth = getattr(_state, "depth", 0) + 1
         try:
             handler = _HANDLERS.get(func)

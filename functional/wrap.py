@@ -67,11 +67,15 @@ def remember(aid: int, value) -> None:
     _last_by_alias.setdefault(aid, value)
 
 
-def wrap(t: LazyTensor) -> torch.Tensor:
-    """A new user-visible tensor around ``t`` (bare ``t`` while an inner op is being traced)."""
+def wrap(t: LazyTensor, lifting: bool = False) -> torch.Tensor:
+    """A new user-visible tensor around ``t`` (bare ``t`` while an inner op is being traced).
+
+    ``lifting``: ``t`` is ``lift_fresh``'s argument (``torch.tensor(data, device=hlo)``), which
+    torch makes with the Functionalize key excluded; it is a user tensor all the same."""
     # Inside a Functionalize kernel (it excludes its own key while it redispatches, e.g. for
     # ``arange(out=wrapper)``) the new tensor is that kernel's inner value: it wraps it itself.
-    if tracing() or owns(t) or torch._C._dispatch_tls_is_dispatch_key_excluded(_FUNCTIONALIZE):
+    if tracing() or owns(t) or (not lifting and
+                                torch._C._dispatch_tls_is_dispatch_key_excluded(_FUNCTIONALIZE)):
         return t
     if not _core_tensor._paths_may_mix:
         _core_tensor.paths_may_mix()      # legacy tensors may meet wrappers from now on

@@ -258,3 +258,28 @@ def test_views_do_not_go_through_the_copy_op_kernel(dev, monkeypatch):
     for got, exp in zip(views, [cpu.t()[1:].expand(2, 3, 3), cpu.unfold(1, 2, 1).select(0, 1),
                                 cpu.diagonal()]):
         assert_same(got, exp)
+
+
+@pytest.mark.parametrize("make", [
+    lambda dev: torch.tensor([1., 2., 3.], device=dev),
+    lambda dev: torch.as_tensor([1., 2., 3.], device=dev),
+    lambda dev: torch.tensor([[1, 2, 3]], device=dev, dtype=torch.int32),
+    lambda dev: torch.tensor(5.0, device=dev),
+], ids=["tensor", "as_tensor", "int32 matrix", "0-dim"])
+def test_a_tensor_made_from_data_on_the_device_is_a_user_tensor_whose_views_alias(path, dev, make):
+    # torch.tensor(data, device=hlo) lifts a tensor made below the Functionalize key: it was
+    # handed out bare on the functional path, and writes through its views were lost.
+    cpu, d = make("cpu"), make(dev)
+    for t in (cpu, d):
+        t.view(-1)[0].add_(1)
+        t.mul_(2)
+    assert_same(d, cpu)
+    assert_same(d.view(-1)[:1] + 1, cpu.view(-1)[:1] + 1)
+
+
+def test_a_tensor_made_from_data_with_requires_grad_gets_its_gradient(path, dev):
+    w_cpu = torch.tensor([1., -2., 3.], requires_grad=True)
+    w = torch.tensor([1., -2., 3.], device=dev, requires_grad=True)
+    for t in (w_cpu, w):
+        (t * t).sum().backward()
+    assert_same(w.grad, w_cpu.grad)
