@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import sys
 import warnings
 from typing import NamedTuple
@@ -410,7 +411,7 @@ def run_meta(func, args, kwargs, memo=None):
     except NotImplementedError:
         raise
     except Exception as e:  # the same error type eager raises, with the op named
-        _reraise(e, func, (args, list(kwargs.values())))
+        _reraise(eager_cast_error(func, args, kwargs, e) or e, func, (args, list(kwargs.values())))
 
 
 def _reraise(e: Exception, func, args):
@@ -725,6 +726,33 @@ def check_result_cast(func, functional, f_call, mutated) -> None:
                 f"result type {_type_name(r.dtype)} can't be cast to the desired output type "
                 f"{_type_name(m.dtype)}\n  (xla_compat: raised by {func} with inputs "
                 f"{describe(f_call)})")
+
+
+# Meta kernels' own words for a result dtype a write cannot take (torch._prims_common.wrappers,
+# the add_/sub_ meta kernel); eager's TensorIterator says "result type X can't be cast ...".
+_META_CAST = re.compile(r"Attempting to cast from torch\.(\w+) to out tensor with dtype "
+                        r"torch\.(\w+)|Promotion of (?:int|bool)\.add/sub_\(")
+
+
+def eager_cast_error(func, args, kwargs, e: BaseException):
+    """``e`` (a meta kernel's refusal of a write's result dtype) in eager's words, or None."""
+    m = _META_CAST.match(str(e)) if isinstance(e, RuntimeError) else None
+    if m is None:
+        return None
+    if m.group(1):
+        result, written = getattr(torch, m.group(1)), getattr(torch, m.group(2))
+    else:              # the meta kernel does not say: the functional variant's result dtype
+        names, _, functional = mutation_info(func)
+        written = _bind(func, args, kwargs).get(names[0]) if names else None
+        try:
+            result = run_meta(functional, *_drop_out_args(func, args, kwargs, names)).dtype
+        except Exception:   # noqa: BLE001 - no functional variant or meta kernel: keep e
+            return None
+        if not isinstance(written, torch.Tensor):
+            return None
+        written = written.dtype
+    return RuntimeError(f"result type {_type_name(result)} can't be cast to the desired output "
+                        f"type {_type_name(written)}")
 
 
 def _non_overlapping_and_dense(shape, stride) -> bool:
