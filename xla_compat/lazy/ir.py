@@ -12,6 +12,9 @@ import sys
 from typing import Any, NamedTuple
 
 _ids = itertools.count()
+# ``on_create(node)`` is called for every new node while set (dual run records which nodes a
+# shadow run's thread creates: ``dualrun/detached.py``); None, and one check, otherwise.
+on_create = None
 try:
     from jax.sharding import SingleDeviceSharding as _SINGLE
 except ImportError:  # pragma: no cover - older jax
@@ -70,6 +73,8 @@ class Node:
         self.source = source      # (filename, lineno, function) that created it, if recorded
         self.sig = sig            # sig_id(self.signature()), filled in on first use
         self.note = None          # what a path knows about this node (not part of the key)
+        if on_create is not None:
+            on_create(self)
 
     @property
     def is_leaf(self) -> bool:
