@@ -5,6 +5,9 @@ the same numbers; ``manual_seed`` makes runs reproducible.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import jax
 import numpy as np
 
@@ -14,6 +17,9 @@ STATE_AVAL = Aval((2,), np.dtype("uint32"))
 _DEFAULT_SEED = 101  # torch_xla's default
 
 _state: Value | None = None
+# Threads drawing from a stream of their own (a dual-run shadow, which may outlive its wait):
+# thread id -> [state Value]. Empty, and one check per draw, otherwise.
+_streams: dict = {}
 
 
 def _seed_value(seed: int) -> Value:
@@ -25,6 +31,10 @@ def _seed_value(seed: int) -> Value:
 
 def state() -> Value:
     global _state
+    if _streams:
+        own = _streams.get(threading.get_ident())
+        if own is not None:
+            return own[0]
     if _state is None:
         _state = _seed_value(_DEFAULT_SEED)
     return _state
@@ -32,12 +42,28 @@ def state() -> Value:
 
 def advance(new: Value) -> None:
     global _state
+    if _streams:
+        own = _streams.get(threading.get_ident())
+        if own is not None:
+            own[0] = new
+            return
     _state = new
 
 
 def manual_seed(seed: int) -> None:
-    global _state
-    _state = _seed_value(seed)
+    advance(_seed_value(seed))
+
+
+@contextlib.contextmanager
+def private(start: Value):
+    """Inside the block this thread draws from a stream of its own starting at ``start`` (and
+    seeds only that stream); the shared state and other threads' draws are untouched."""
+    me = threading.get_ident()
+    _streams[me] = [start]
+    try:
+        yield
+    finally:
+        _streams.pop(me, None)
 
 
 def pending() -> Value | None:
@@ -62,6 +88,5 @@ def get_state():
 
 def set_state(new_state) -> None:
     """Restore a state returned by ``get_state``."""
-    global _state
     words = np.asarray(new_state.detach().cpu().numpy(), dtype=np.uint8).view(np.uint32)
-    _state = leaf(jax.device_put(words.reshape(STATE_AVAL.shape)))
+    advance(leaf(jax.device_put(words.reshape(STATE_AVAL.shape))))
