@@ -1,0 +1,297 @@
+"""Eager's checks of an out= write, made before anything is written, for both paths.
+
+A path says which device tensors share memory (``Storages``); ``check_out`` then compares the
+result dtypes (the functional variant on meta twins, cached) with the outs' and each out's
+storage with the inputs' and its own. Where they differ, where an out overlaps itself (an
+expanded view) or shares memory with an input, or where no meta kernel gives the result dtype,
+the op runs on CPU zeros laid out like the device tensors, one buffer per storage: eager's own
+error about dtypes or memory overlap is raised (first line unchanged). A dry run that passed is
+remembered per geometry, so a loop pays it once. Eager's rules differ by op (``sum`` casts into
+an int64 out, ``index_select`` refuses even a castable one), which is why eager itself decides.
+
+Also here: eager's dtype check of ``index_put`` that its meta kernel skips.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .lazy import tracer
+
+aten = torch.ops.aten
+_NUMBER = (int, float, bool, complex)
+CACHE_LIMIT = 65536
+# A dry run allocates the storages it reproduces; past this many bytes it is skipped.
+DRY_RUN_BYTES = 1 << 28
+# The errors of a dry run that are eager's verdict on the write itself, not on the zeros in it.
+_EAGER_VERDICT = re.compile(r"type|cast|unsupported operation", re.IGNORECASE)
+_INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor "
+                     "refers to a single memory location. Please clone() the tensor before "
+                     "performing the operation.")
+
+
+@dataclass(frozen=True)
+class Storages:
+    """How a path tells its device tensors' memory: ``owns(t)``: a device tensor of this path;
+    ``key(t)``: its storage's identity; ``extent(t)``: elements of ``t``'s dtype a buffer needs
+    to hold every element ``t`` reaches."""
+
+    path: str
+    owns: Callable[[torch.Tensor], bool]
+    key: Callable[[torch.Tensor], object]
+    extent: Callable[[torch.Tensor], int]
+
+
+@dataclass(frozen=True)
+class OutOp:
+    """One out= overload: its out arguments (keyword-only) and functional variant."""
+
+    op: torch._ops.OpOverload
+    outs: tuple
+    functional: Optional[torch._ops.OpOverload]
+    pointwise: bool
+
+    @staticmethod
+    def of(op) -> "OutOp":
+        outs = tuple(a.name for a in op._schema.arguments if a.is_out)
+        return OutOp(op, outs, tracer.mutation_info(op)[2], torch.Tag.pointwise in op.tags)
+
+
+def tensors(x, into: list) -> list:
+    """The tensors in ``x`` (a tensor, or a list/tuple of arguments), appended to ``into``."""
+    if isinstance(x, torch.Tensor):
+        into.append(x)
+    elif isinstance(x, (list, tuple)):
+        for e in x:
+            tensors(e, into)
+    return into
+
+
+def meta_twins(x, grad: bool = False):
+    """Meta tensors laid out as the tensors in ``x`` (requiring grad where they do, if asked)."""
+    if isinstance(x, torch.Tensor):
+        twin = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return twin.requires_grad_() if grad and x.requires_grad else twin
+    if isinstance(x, (list, tuple)):
+        return type(x)(meta_twins(e, grad) for e in x)
+    return x
+
+
+def extent(t: torch.Tensor) -> int:
+    """Elements of storage ``t``'s own geometry reaches (its offset when it has none)."""
+    offset = t.storage_offset()
+    if any(n == 0 for n in t.shape):
+        return offset
+    return offset + 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+
+
+# -- the check --------------------------------------------------------------------------------------
+
+def check_out(spec: OutOp, args, kwargs, storages: Storages) -> None:
+    """Raise eager's error for writing ``spec.op``'s result into its outs; write nothing."""
+    if len(kwargs) == 1 and plainly_fine(spec, args, kwargs[spec.outs[0]], storages):
+        return
+    outs = tensors([kwargs.get(n) for n in spec.outs], [])
+    inputs = tensors(args, [])
+    if len(kwargs) > len(spec.outs):
+        tensors([v for k, v in kwargs.items() if k not in spec.outs], inputs)
+    results = result_dtypes(spec, args, kwargs)
+    if (results is None or len(results) != len(outs)
+            or any(r != o.dtype for r, o in zip(results, outs))
+            or _may_overlap(spec.pointwise, outs, inputs, storages)):
+        _dry_run(spec, args, kwargs, outs, inputs, results, storages)
+
+
+def plainly_fine(spec: OutOp, args, out, storages: Storages) -> bool:
+    """The common case in one pass: one out tensor of the remembered result dtype, sharing no
+    storage with the inputs (other than being one of them, for a pointwise op), not expanded.
+    Builds ``result_dtypes``' key for positional tensors and numbers; False: look closer."""
+    owns = storages.owns
+    if not isinstance(out, torch.Tensor) or not owns(out):
+        return False
+    storage = storages.key(out)
+    key = [spec.op, len(args)]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append(a.dtype)
+            key.append(a.dim() == 0)
+            if a is out:
+                if not spec.pointwise:
+                    return False
+            elif owns(a) and storages.key(a) == storage:
+                return False
+        elif type(a) in _NUMBER:
+            key.append(type(a))
+        else:
+            return False
+    return (_DTYPES.get(tuple(key)) == (out.dtype,)
+            and torch._debug_has_internal_overlap(out) != 1)
+
+
+_DTYPES: dict = {}
+
+
+def _signature(x, out: list) -> bool:
+    """What decides a result dtype: tensors' dtypes and 0-dim-ness, numbers' types, the rest."""
+    if isinstance(x, torch.Tensor):
+        out.append(x.dtype)
+        out.append(x.dim() == 0)
+    elif type(x) in _NUMBER:
+        out.append(type(x))
+    elif isinstance(x, (list, tuple)):
+        out.append(len(x))
+        for e in x:
+            if not _signature(e, out):
+                return False
+    else:
+        try:
+            hash(x)
+        except TypeError:
+            return False
+        out.append(x)
+    return True
+
+
+def result_dtypes(spec: OutOp, args, kwargs) -> Optional[tuple]:
+    """The dtypes of the functional variant's results (None where its meta kernel cannot say)."""
+    if spec.functional is None:
+        return None
+    parts = [spec.op]
+    ok = _signature(args, parts)
+    f_kwargs = kwargs
+    if len(kwargs) > len(spec.outs):
+        f_kwargs = {k: v for k, v in kwargs.items() if k not in spec.outs}
+        ok = ok and _signature(tuple(sorted(f_kwargs.items())), parts)
+    elif kwargs:
+        f_kwargs = {}
+    key = tuple(parts) if ok else None
+    hit = _DTYPES.get(key, _DTYPES)
+    if hit is not _DTYPES:
+        return hit
+    try:
+        out = spec.functional(*meta_twins(args), **meta_twins(f_kwargs))
+    except Exception:   # noqa: BLE001 - no meta kernel, or a shape error the op itself raises
+        return None
+    dtypes = tuple(t.dtype for t in tensors(out, []))
+    if key is not None:
+        if len(_DTYPES) >= CACHE_LIMIT:
+            _DTYPES.clear()
+        _DTYPES[key] = dtypes
+    return dtypes
+
+
+def _span(t: torch.Tensor) -> tuple:
+    return t.storage_offset(), extent(t)
+
+
+def _may_overlap(pointwise: bool, outs, inputs, storages: Storages) -> bool:
+    """Could eager find an out overlapping itself or an input? (cheap; the dry run decides)"""
+    for o in outs:
+        if torch._debug_has_internal_overlap(o) == 1:
+            return True
+        if not storages.owns(o):
+            continue
+        storage = storages.key(o)
+        for t in inputs:
+            if (t is o and pointwise) or not storages.owns(t) or storages.key(t) != storage:
+                continue              # (TensorIterator: the same tensor is a full overlap)
+            lo, hi = _span(o)
+            a, b = _span(t)
+            if a < hi and lo < b:
+                return True
+    return False
+
+
+_PASSED: dict = {}
+
+
+def _dry_run(spec: OutOp, args, kwargs, outs, inputs, results, storages: Storages) -> None:
+    """Run the op on CPU zeros laid out like the device tensors; raise eager's error about the
+    write."""
+    flat = tensors((args, list(kwargs.values())), [])
+    owns = storages.owns
+    if not all(owns(t) or t.device.type == "cpu" for t in flat):
+        return       # another device's tensor: the op itself raises eager's device error
+    storage_of: dict = {}        # storage key -> its index among this op's storages
+    sizes: dict = {}             # (storage index, dtype) -> elements a CPU buffer needs
+    for t in flat:
+        if owns(t):
+            k = (storage_of.setdefault(storages.key(t), len(storage_of)), t.dtype)
+            sizes[k] = max(sizes.get(k, 1), storages.extent(t))
+    if sum(n * k[1].itemsize for k, n in sizes.items()) > DRY_RUN_BYTES:
+        return _without_dry_run(spec, outs, inputs, results, storages)
+    parts = [spec.op, tuple(sizes.items()),
+             tuple(storage_of[storages.key(t)] if owns(t) else -1 for t in flat)]
+    key = None
+    if tracer._key_of(args, parts) and tracer._key_of(tuple(sorted(kwargs.items())), parts):
+        key = tuple(parts)
+        if key in _PASSED:
+            return
+    buffers = {k: torch.zeros(n, dtype=k[1]) for k, n in sizes.items()}
+
+    def cpu(x):
+        if isinstance(x, torch.Tensor) and owns(x):
+            buffer = buffers[(storage_of[storages.key(x)], x.dtype)]
+            return buffer.as_strided(tuple(x.shape), x.stride(), x.storage_offset())
+        if isinstance(x, (list, tuple)):
+            return type(x)(cpu(e) for e in x)
+        if isinstance(x, torch.device):
+            return torch.device("cpu")
+        return x
+    try:
+        # (a random op's dry run must not move the user's CPU generator)
+        with warnings.catch_warnings(), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            warnings.simplefilter("ignore")
+            spec.op(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
+    except (RuntimeError, TypeError, ValueError, IndexError) as e:
+        message = str(e)
+        if _EAGER_VERDICT.search(message.split("\n", 1)[0]):
+            raise type(e)(f"{message}\n  (xla_compat: {spec.op} on the {storages.path} path "
+                          f"checked its out= write as eager does; nothing was written)") from None
+    if key is not None:
+        if len(_PASSED) >= CACHE_LIMIT:
+            _PASSED.clear()
+        _PASSED[key] = True
+
+
+def _without_dry_run(spec: OutOp, outs, inputs, results, storages: Storages) -> None:
+    """Tensors too large to reproduce: TensorIterator's rules for pointwise ops, else nothing."""
+    if not spec.pointwise:
+        return
+    for o in outs:
+        if torch._debug_has_internal_overlap(o) == 1:
+            raise RuntimeError(f"{_INTERNAL_OVERLAP}\n  (xla_compat: raised by {spec.op})")
+        geometry = (tuple(o.shape), o.stride(), o.storage_offset())
+        for t in inputs:
+            if (t is not o and storages.owns(t) and storages.owns(o)
+                    and t.element_size() == o.element_size()
+                    and storages.key(t) == storages.key(o)
+                    and tracer.partial_overlap(
+                        geometry, (tuple(t.shape), t.stride(), t.storage_offset()))):
+                raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by "
+                                   f"{spec.op})")
+    for r, o in zip(results or (), outs):
+        if r != o.dtype and not torch.can_cast(r, o.dtype):
+            raise RuntimeError(
+                f"result type {tracer._type_name(r)} can't be cast to the desired output type "
+                f"{tracer._type_name(o.dtype)}\n  (xla_compat: raised by {spec.op})")
+
+
+# -- eager checks meta kernels skip -----------------------------------------------------------------
+
+@tracer.eager_check(aten.index_put_.default, aten.index_put.default,
+                    aten._index_put_impl_.default, aten._index_put_impl.default)
+def _index_put_dtypes(func, bound):
+    self, values = bound.get("self"), bound.get("values")
+    if (isinstance(self, torch.Tensor) and isinstance(values, torch.Tensor)
+            and self.dtype != values.dtype):
+        name = tracer._type_name
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got "
+            f"{name(self.dtype)} for the destination and {name(values.dtype)} for the source.\n"
+            f"  (xla_compat: raised by {func} with inputs "
+            f"{tracer.describe(list(bound.values()))})")
