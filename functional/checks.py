@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch._decomp import global_decomposition_table
 
+from xla_compat import write_checks
 from xla_compat.lazy import tracer
+from xla_compat.write_checks import OutOp, meta_twins as _twins, tensors as _tensors
 
 from . import writes_eager
 from .inner import _HANDLERS, _state, forget_plans, handles
@@ -59,40 +59,12 @@ aten = torch.ops.aten
 _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
 _NO_SUBCLASS_FUNCTIONS = torch._C.DisableTorchFunctionSubclass
 _is_functional = torch._is_functional_tensor
-_NUMBER = (int, float, bool, complex)
-_CACHE_LIMIT = 65536
-# A dry run allocates the storages it reproduces; past this many bytes it is skipped.
-DRY_RUN_BYTES = 1 << 28
-# The errors of a dry run that are eager's verdict on the write itself, not on the zeros in it.
-_EAGER_VERDICT = re.compile(r"type|cast|unsupported operation", re.IGNORECASE)
+_CACHE_LIMIT = write_checks.CACHE_LIMIT
 _AUTOGRAD_OUT = "don't support automatic differentiation"
-
-
-# -- what the checks know about one out= overload -------------------------------------------------
-
-@dataclass(frozen=True)
-class OutOp:
-    """One out= overload: its out arguments (keyword-only) and functional variant."""
-
-    op: torch._ops.OpOverload
-    outs: tuple
-    functional: Optional[torch._ops.OpOverload]
-    pointwise: bool
-
-    @staticmethod
-    def of(op) -> "OutOp":
-        outs = tuple(a.name for a in op._schema.arguments if a.is_out)
-        return OutOp(op, outs, tracer.mutation_info(op)[2], torch.Tag.pointwise in op.tags)
-
-
-def _tensors(x, into: list) -> list:
-    """The tensors in ``x`` (a tensor, or a list/tuple of arguments), appended to ``into``."""
-    if isinstance(x, torch.Tensor):
-        into.append(x)
-    elif isinstance(x, (list, tuple)):
-        for e in x:
-            _tensors(e, into)
-    return into
+# The functional path's device tensors: wrappers, sharing memory as their storages say.
+STORAGES = write_checks.Storages(
+    "functional", _is_functional, lambda t: t.untyped_storage()._cdata,
+    lambda t: storage_extent(tuple(t.shape), t.stride(), t.storage_offset()))
 
 
 def _kernel(spec: OutOp):
@@ -108,7 +80,7 @@ def _kernel(spec: OutOp):
             if isinstance(out, (list, tuple)):
                 out = out[0] if out else None
             if out is not None and _is_functional(out):
-                check_out(spec, args, kwargs)
+                write_checks.check_out(spec, args, kwargs, STORAGES)
             with _BELOW_AUTOGRAD():
                 return op(*args, **kwargs)
     out_kernel.__name__ = f"checked_{op._schema.name.split('::')[1]}_{op._overloadname}"
@@ -128,19 +100,6 @@ def _requires_grad(args) -> bool:
 # -- autograd's own check ---------------------------------------------------------------------------
 
 _AUTOGRAD: dict = {}
-
-
-def _meta_twin(t: torch.Tensor, grad: bool) -> torch.Tensor:
-    twin = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-    return twin.requires_grad_() if grad and t.requires_grad else twin
-
-
-def _twins(x, grad: bool = False):
-    if isinstance(x, torch.Tensor):
-        return _meta_twin(x, grad)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_twins(e, grad) for e in x)
-    return x
 
 
 def _check_autograd(op, args, kwargs) -> None:
@@ -165,217 +124,14 @@ def _check_autograd(op, args, kwargs) -> None:
         raise RuntimeError(message)
 
 
-# -- the checks on functional wrappers --------------------------------------------------------------
-
-def check_out(spec: OutOp, args, kwargs) -> None:
-    """Raise eager's error for writing ``op``'s result into its outs; write nothing."""
-    if len(kwargs) == 1 and _plainly_fine(spec, args, kwargs[spec.outs[0]]):
-        return
-    outs = _tensors([kwargs.get(n) for n in spec.outs], [])
-    inputs = _tensors(args, [])
-    if len(kwargs) > len(spec.outs):
-        _tensors([v for k, v in kwargs.items() if k not in spec.outs], inputs)
-    results = _result_dtypes(spec, args, kwargs)
-    if (results is None or len(results) != len(outs)
-            or any(r != o.dtype for r, o in zip(results, outs))
-            or _may_overlap(spec.pointwise, outs, inputs)):
-        _dry_run(spec, args, kwargs, outs, inputs, results)
-
-
-def _plainly_fine(spec: OutOp, args, out) -> bool:
-    """The common case in one pass: one out tensor of the remembered result dtype, sharing no
-    storage with the inputs (other than being one of them, for a pointwise op), not expanded.
-    Builds ``_result_dtypes``' key for positional tensors and numbers; False: look closer."""
-    if type(out) is not torch.Tensor:
-        return False
-    storage = out.untyped_storage()._cdata
-    key = [spec.op, len(args)]
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append(a.dtype)
-            key.append(a.dim() == 0)
-            if a is out:
-                if not spec.pointwise:
-                    return False
-            elif _is_functional(a) and a.untyped_storage()._cdata == storage:
-                return False
-        elif type(a) in _NUMBER:
-            key.append(type(a))
-        else:
-            return False
-    return (_DTYPES.get(tuple(key)) == (out.dtype,)
-            and torch._debug_has_internal_overlap(out) != 1)
-
-
-_DTYPES: dict = {}
-
-
-def _signature(x, out: list) -> bool:
-    """What decides a result dtype: tensors' dtypes and 0-dim-ness, numbers' types, the rest."""
-    if isinstance(x, torch.Tensor):
-        out.append(x.dtype)
-        out.append(x.dim() == 0)
-    elif type(x) in _NUMBER:
-        out.append(type(x))
-    elif isinstance(x, (list, tuple)):
-        out.append(len(x))
-        for e in x:
-            if not _signature(e, out):
-                return False
-    else:
-        try:
-            hash(x)
-        except TypeError:
-            return False
-        out.append(x)
-    return True
-
-
-def _result_dtypes(spec: OutOp, args, kwargs) -> Optional[tuple]:
-    """The dtypes of the functional variant's results (None where its meta kernel cannot say)."""
-    if spec.functional is None:
-        return None
-    parts = [spec.op]
-    ok = _signature(args, parts)
-    f_kwargs = kwargs
-    if len(kwargs) > len(spec.outs):
-        f_kwargs = {k: v for k, v in kwargs.items() if k not in spec.outs}
-        ok = ok and _signature(tuple(sorted(f_kwargs.items())), parts)
-    elif kwargs:
-        f_kwargs = {}
-    key = tuple(parts) if ok else None
-    hit = _DTYPES.get(key, _DTYPES)
-    if hit is not _DTYPES:
-        return hit
-    try:
-        out = spec.functional(*_twins(args), **_twins(f_kwargs))
-    except Exception:   # noqa: BLE001 - no meta kernel, or a shape error the op itself raises
-        return None
-    dtypes = tuple(t.dtype for t in _tensors(out, []))
-    if key is not None:
-        if len(_DTYPES) >= _CACHE_LIMIT:
-            _DTYPES.clear()
-        _DTYPES[key] = dtypes
-    return dtypes
-
-
-def _span(t: torch.Tensor) -> tuple:
-    offset = t.storage_offset()
-    return offset, storage_extent(tuple(t.shape), t.stride(), offset)
-
-
-def _may_overlap(pointwise: bool, outs, inputs) -> bool:
-    """Could eager find out overlapping itself or an input? (cheap; the dry run decides)"""
-    for o in outs:
-        if torch._debug_has_internal_overlap(o) == 1:
-            return True
-        storage = o.untyped_storage()._cdata
-        for t in inputs:
-            if (t is o and pointwise) or not _is_functional(t) or \
-                    t.untyped_storage()._cdata != storage:
-                continue              # (TensorIterator: the same tensor is a full overlap)
-            lo, hi = _span(o)
-            a, b = _span(t)
-            if a < hi and lo < b:
-                return True
-    return False
-
-
-_PASSED: dict = {}
-_INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor "
-                     "refers to a single memory location. Please clone() the tensor before "
-                     "performing the operation.")
-
-
-def _dry_run(spec: OutOp, args, kwargs, outs, inputs, results) -> None:
-    """Run the op on CPU zeros laid out like the wrappers; raise eager's error about the write."""
-    flat = _tensors((args, list(kwargs.values())), [])
-    if not all(_is_functional(t) or t.device.type == "cpu" for t in flat):
-        return       # another device's tensor: the op itself raises eager's device error
-    storage_of: dict = {}        # storage id -> its index among this op's storages
-    extent: dict = {}            # (storage index, dtype) -> elements a CPU buffer needs
-    for t in flat:
-        if _is_functional(t):
-            k = (storage_of.setdefault(t.untyped_storage()._cdata, len(storage_of)), t.dtype)
-            extent[k] = max(extent.get(k, 1), storage_extent(
-                tuple(t.shape), t.stride(), t.storage_offset()))
-    if sum(n * k[1].itemsize for k, n in extent.items()) > DRY_RUN_BYTES:
-        return _without_dry_run(spec, outs, inputs, results)
-    parts = [spec.op, tuple(extent.items()),
-             tuple(storage_of[t.untyped_storage()._cdata] if _is_functional(t) else -1
-                   for t in flat)]
-    key = None
-    if tracer._key_of(args, parts) and tracer._key_of(tuple(sorted(kwargs.items())), parts):
-        key = tuple(parts)
-        if key in _PASSED:
-            return
-    buffers = {k: torch.zeros(n, dtype=k[1]) for k, n in extent.items()}
-
-    def cpu(x):
-        if isinstance(x, torch.Tensor) and _is_functional(x):
-            buffer = buffers[(storage_of[x.untyped_storage()._cdata], x.dtype)]
-            return buffer.as_strided(tuple(x.shape), x.stride(), x.storage_offset())
-        if isinstance(x, (list, tuple)):
-            return type(x)(cpu(e) for e in x)
-        return x
-    try:
-        # (a random op's dry run must not move the user's CPU generator)
-        with warnings.catch_warnings(), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            warnings.simplefilter("ignore")
-            spec.op(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
-    except (RuntimeError, TypeError, ValueError, IndexError) as e:
-        message = str(e)
-        if _EAGER_VERDICT.search(message.split("\n", 1)[0]):
-            raise type(e)(f"{message}\n  (xla_compat: {spec.op} on the functional path checked "
-                          f"its out= write as eager does; nothing was written)") from None
-    if key is not None:
-        if len(_PASSED) >= _CACHE_LIMIT:
-            _PASSED.clear()
-        _PASSED[key] = True
-
-
-def _without_dry_run(spec: OutOp, outs, inputs, results) -> None:
-    """Tensors too large to reproduce: TensorIterator's rules for pointwise ops, else nothing."""
-    if not spec.pointwise:
-        return
-    for o in outs:
-        if torch._debug_has_internal_overlap(o) == 1:
-            raise RuntimeError(f"{_INTERNAL_OVERLAP}\n  (xla_compat: raised by {spec.op})")
-        geometry = (tuple(o.shape), o.stride(), o.storage_offset())
-        for t in inputs:
-            if (t is not o and _is_functional(t) and t.element_size() == o.element_size()
-                    and t.untyped_storage()._cdata == o.untyped_storage()._cdata
-                    and tracer.partial_overlap(
-                        geometry, (tuple(t.shape), t.stride(), t.storage_offset()))):
-                raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by "
-                                   f"{spec.op})")
-    for r, o in zip(results or (), outs):
-        if r != o.dtype and not torch.can_cast(r, o.dtype):
-            raise RuntimeError(
-                f"result type {tracer._type_name(r)} can't be cast to the desired output type "
-                f"{tracer._type_name(o.dtype)}\n  (xla_compat: raised by {spec.op})")
-
-
 # -- in-place ops: the meta reference ---------------------------------------------------------------
 
-_CAST = re.compile(r"Attempting to cast from torch\.(\w+) to out tensor with dtype torch\.(\w+)")
 _REFERENCES: dict = {}
 
 
-def _cast_error(e: RuntimeError, op) -> RuntimeError:
-    """The ref's "Attempting to cast ..." as eager's TensorIterator words it."""
-    m = _CAST.search(str(e))
-    if m is None:
-        return e
-    result, written = (tracer._type_name(getattr(torch, n)) for n in m.groups())
-    return RuntimeError(f"result type {result} can't be cast to the desired output type "
-                        f"{written}\n  (xla_compat: raised by {op} on the functional path)")
-
-
 def _in_place_reference(op, original):
-    """``original`` (``op``'s Python meta kernel) with writes_eager's meta-reference hook, eager's
-    order of checks (an overlapping ``self`` before the dtype), eager's cast message, and a memo
-    of the geometries and numbers that passed."""
+    """``original`` (``op``'s Python meta kernel) with writes_eager's meta-reference hook (eager's
+    order of checks and words) and a memo of the geometries and numbers that passed."""
     hooked = writes_eager._meta_hook(op, original)
     functional = tracer.mutation_info(op)[2]
 
@@ -392,15 +148,7 @@ def _in_place_reference(op, original):
                     _state.pending = (functional, tuple(self.shape), self.dtype,
                                       tuple(self.stride()))
                 return self
-        if torch._debug_has_internal_overlap(self) == 1:
-            writes_eager._overlap_probe(op, args, kwargs)
-        try:
-            out = hooked(*args, **kwargs)
-        except RuntimeError as e:
-            error = _cast_error(e, op)
-            if error is e:
-                raise
-            raise error from None
+        out = hooked(*args, **kwargs)
         if key is not None:
             if len(_REFERENCES) >= _CACHE_LIMIT:
                 _REFERENCES.clear()

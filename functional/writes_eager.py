@@ -183,6 +183,19 @@ def _sums_changes(op, args, kwargs) -> bool:
     return bool(args[3] if len(args) > 3 else kwargs.get("accumulate", False))
 
 
+_NUMBER_DTYPES = {torch.float64: 0.5, torch.complex128: 0.5j}
+
+
+def _numbers(args) -> tuple:
+    """The meta twins lose the wrapped-number flag of a Python number (``x.add_(0.5)`` reaches
+    the meta reference as a 0-dim float64 tensor), which changes the result dtype eager names in
+    its cast error (Float, not Double): such a 0-dim input other than ``self`` is taken for a
+    number. (A real 0-dim float64 device tensor is named Float in that one message.)"""
+    return args[:1] + tuple(
+        _NUMBER_DTYPES[a.dtype] if (isinstance(a, torch.Tensor) and a.dim() == 0
+                                    and a.dtype in _NUMBER_DTYPES) else a for a in args[1:])
+
+
 def _meta_hook(op, original):
     functional = tracer.mutation_info(op)[2]
 
@@ -190,13 +203,19 @@ def _meta_hook(op, original):
         if not _in_meta_reference():
             return original(*args, **kwargs)
         _state.pending = None
+        self = args[0]
+        overlapping = torch._debug_has_internal_overlap(self) == 1
+        if overlapping:               # eager checks the written tensor before the dtypes
+            _overlap_probe(op, args, kwargs)
         try:
             out = original(*args, **kwargs)
-        except Exception as e:        # eager's error, naming the op (the meta kernel does not)
-            tracer._reraise(e, op, (args, list(kwargs.values())))
-        self = args[0]
-        if torch._debug_has_internal_overlap(self) == 1 and not _sums_changes(op, args, kwargs):
-            _overlap_probe(op, args, kwargs)
+        except Exception as e:        # eager's error and words, naming the op
+            tracer._reraise(tracer.eager_cast_error(op, _numbers(args), kwargs, e) or e, op,
+                            (args, list(kwargs.values())))
+        check = tracer._EAGER_CHECKS.get(op)     # eager's checks the meta kernel skips
+        if check is not None:
+            check(op, tracer._bind(op, args, kwargs))
+        if overlapping and not _sums_changes(op, args, kwargs):
             from .writes import FunctionalizationLimit
             raise FunctionalizationLimit(   # eager allows it; upstream would sum the writes
                 f"xla_compat: {op} writes into a view whose elements overlap (size "

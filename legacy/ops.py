@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from xla_compat import _jax
+from xla_compat import _jax, write_checks
 from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
 from xla_compat.lazy.tensor import lock
@@ -471,18 +471,28 @@ def _written(bound, names) -> list:
     return out
 
 
+# The legacy path's device tensors: LegacyTensors, sharing memory where they share an alias.
+STORAGES = write_checks.Storages("legacy", lambda t: isinstance(t, LegacyTensor),
+                                 lambda t: id(t._alias), storage_elements)
+
+
+@functools.lru_cache(maxsize=None)
+def _out_op(func) -> write_checks.OutOp:
+    return write_checks.OutOp.of(func)
+
+
 def run_out_op(func, plan: OutPlan, args, kwargs):
+    if not plan.others:     # eager's dtype and overlap checks of the write (write_checks.py)
+        write_checks.check_out(_out_op(func), args, kwargs, STORAGES)
     try:
-        tracer.meta(func, args, kwargs)     # eager's errors (dtypes, shapes) for this out=
+        tracer.meta(func, args, kwargs)     # eager's errors (shapes, ...) for this out=
         checked = True
-    except NotImplementedError:             # no meta kernel: the functional op checks inputs,
-        checked = False                     # the result's dtype is checked below
+    except NotImplementedError:             # no meta kernel: the functional op checks inputs
+        checked = False
     f_kwargs = {k: v for k, v in kwargs.items() if k not in plan.names}
     bound = tracer._bind(func, args, kwargs)
     outs = _written(bound, plan.names)
     targets = outs + _written(bound, plan.others)
-    if not plan.others:
-        tracer.check_result_cast(func, plan.functional, (args, f_kwargs), outs)
     results = plan.functional(*args, **f_kwargs)
     flat = tracer._flat_tensors(results)
     if len(flat) != len(targets):
@@ -493,7 +503,7 @@ def run_out_op(func, plan: OutPlan, args, kwargs):
     for t, r in zip(targets, flat):
         if t is None or r is None:
             continue
-        if not checked and not torch.can_cast(r.dtype, t.dtype):
+        if not checked and plan.others and not torch.can_cast(r.dtype, t.dtype):
             raise RuntimeError(
                 f"result type {tracer._type_name(r.dtype)} can't be cast to the desired output "
                 f"type {tracer._type_name(t.dtype)}\n  (xla_compat: raised by {func} with inputs "

@@ -1,4 +1,5 @@
-"""Writes eager rejects are rejected alike, before anything is written (functional/checks.py).
+"""Writes eager rejects are rejected alike, before anything is written (xla_compat/write_checks.py,
+functional/checks.py, functional/writes_eager.py, the tracer's eager_cast_error).
 
 Each case runs on CPU eager and on the device (both paths): the device raises eager's exception
 type with eager's first message line, every tensor keeps its value, and a second run of the same
@@ -13,36 +14,6 @@ import torch
 
 import xla_compat as xc
 from tests.conftest import assert_same
-
-
-# Legacy's own divergences these tests found (legacy/ is not what they test): strict xfails,
-# reported to the lead.
-_LEGACY_CAST_WORDS = ("open (legacy): the out= op's meta kernel raises first, in its own words "
-                      "('Attempting to cast from torch.float32 to out tensor ...')")
-LEGACY_OPEN = {
-    "add": _LEGACY_CAST_WORDS, "mul into a row": _LEGACY_CAST_WORDS, "exp": _LEGACY_CAST_WORDS,
-    "clamp (its own message)": _LEGACY_CAST_WORDS,
-    "pow_ of int by a float": _LEGACY_CAST_WORDS, "atan2_ of int by a float": _LEGACY_CAST_WORDS,
-    "mm (its own message)": "open (legacy): mm.out's meta kernel words the dtype error its own way",
-    "masked_select (no meta kernel)": "open (legacy): the core's cast check raises before eager's "
-                                      "'masked_select(): self and result must have the same "
-                                      "scalar type'",
-    "index_select (castable, still refused)": "open (legacy): a castable out dtype that eager "
-                                              "refuses is written",
-    "nonzero (no meta kernel)": "open (legacy): nonzero into a float out is written",
-    "index_select into its input (full overlap)": "open (legacy): index_select(out=its input) "
-                                                  "is computed; eager refuses any overlap",
-    "sum into int64 (eager casts)": "open (legacy, core tracer): check_result_cast refuses an "
-                                    "uncastable result of any op; eager's sum casts into out",
-}
-
-
-@pytest.fixture
-def legacy_open(path, request):
-    """Mark this case a strict xfail on the legacy path when it names an open legacy issue."""
-    reason = LEGACY_OPEN.get(request.node.callspec.id.split("-", 1)[-1])
-    if path == "legacy" and reason:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 def _first_line(e: BaseException) -> str:
@@ -95,10 +66,12 @@ def _floats():
     (lambda t: torch.index_select(t, 0, t[0].long(), out=t.double()), _floats),
     (lambda t: torch.masked_select(t, t > 2, out=t.long()), _floats),
     (lambda t: torch.nonzero(t, out=t.clone()), _floats),
+    (lambda t: torch.mean(t, 0, out=t[0].long()), _floats),
 ], ids=["add", "mul into a row", "exp", "mm (its own message)", "clamp (its own message)",
+        "mean into int64 (refused, unlike sum)",
         "index_select (castable, still refused)", "masked_select (no meta kernel)",
         "nonzero (no meta kernel)"])
-def test_an_out_tensor_of_a_dtype_eager_refuses_is_rejected_and_kept(path, dev, legacy_open, program, base):
+def test_an_out_tensor_of_a_dtype_eager_refuses_is_rejected_and_kept(path, dev, program, base):
     _rejected_alike(program, base(), dev=dev)
 
 
@@ -113,7 +86,7 @@ def test_an_out_tensor_of_a_dtype_eager_refuses_is_rejected_and_kept(path, dev, 
         "into a shifted flat view", "index_select into its input (full overlap)",
         "into shifted rows"])
 def test_an_out_write_that_overlaps_its_inputs_or_itself_is_rejected_and_kept(
-        path, dev, legacy_open, program):
+        path, dev, program):
     _rejected_alike(program, _floats(), dev=dev)
 
 
@@ -125,10 +98,13 @@ def test_an_out_write_that_overlaps_its_inputs_or_itself_is_rejected_and_kept(
     lambda t: torch.sum(t, 0, out=t[0].long()),
     lambda t: torch.eq(t, 4, out=t),
     lambda t: torch.masked_select(t, t > 2, out=t[0].mul(1)),
+    lambda t: torch.prod(t, 1, out=t[:, 0].long()),
+    lambda t: torch.sum(t.long(), 0, out=t[0].mul(1)),
 ], ids=["out is the input", "a row into itself", "fresh out", "mm into a copy",
         "sum into int64 (eager casts)", "eq into float (bool casts)",
-        "masked_select (no meta kernel) resizes its out"])
-def test_out_writes_eager_allows_are_written_like_eager(path, dev, legacy_open, program):
+        "masked_select (no meta kernel) resizes its out", "prod into int64 (eager casts)",
+        "sum of int64 into float"])
+def test_out_writes_eager_allows_are_written_like_eager(path, dev, program):
     _written_alike(program, _floats(), dev=dev)
 
 
@@ -169,7 +145,7 @@ def test_out_write_of_a_non_differentiable_op_with_grad_inputs_is_written_like_e
 ], ids=["clamp_ of an expanded view", "pow_ of an expanded view", "atan2_ of an expanded view",
         "exp_ of an expanded view", "pow_ of int by a float", "atan2_ of int by a float",
         "clamp_ by its own transpose", "atan2_ by shifted rows", "hypot_ by a shifted slice"])
-def test_in_place_writes_eager_refuses_are_rejected_and_kept(path, dev, legacy_open, program, base):
+def test_in_place_writes_eager_refuses_are_rejected_and_kept(path, dev, program, base):
     _rejected_alike(program, base(), dev=dev)
 
 
@@ -258,3 +234,38 @@ def test_copy_from_a_partially_overlapping_view_after_a_write_and_a_sync_raises_
             xc.sync()
         v.copy_(t)
     _rejected_alike(program, torch.arange(1.), dev=dev)
+
+
+# -- in-place ops whose meta kernel writes_eager hooks: eager's words and order ----------------------
+
+def _index(t, *rows):
+    return (torch.tensor(rows).to(t.device),)
+
+
+@pytest.mark.parametrize("program, base", [
+    (lambda t: t.add_(t.float() * 0.5), _ints),
+    (lambda t: t.add_(0.5), _ints),
+    (lambda t: t[0].sub_(t[1].float()), _ints),
+    (lambda t: t.bool().add_(t), _ints),
+    (lambda t: t[:1].expand(2, 3).add_(t.float()), _ints),
+    (lambda t: t[:1].expand(2, 3).mul_(0.5), _ints),
+    (lambda t: t.index_put_(_index(t, 0), torch.tensor([1, 2, 3]).to(t.device)), _floats),
+    (lambda t: t.index_put_(_index(t, 2), torch.tensor([1, 2, 3]).to(t.device), True), _floats),
+    (lambda t: t[1].index_put_(_index(t, 0, 1), torch.tensor(7.).to(t.device)), _ints),
+], ids=["int add_ of a float tensor", "int add_ of a float number", "int row sub_ of a float row",
+        "bool add_ of an int tensor", "expanded view's overlap before its dtype",
+        "expanded view mul_ by a float number", "index_put_ of another dtype",
+        "accumulating index_put_ of another dtype", "index_put_ of a float into an int row"])
+def test_in_place_writes_with_eagers_checks_in_the_meta_kernel_are_rejected_alike(
+        path, dev, program, base):
+    _rejected_alike(program, base(), dev=dev)
+
+
+def test_the_cast_error_names_eagers_result_type(path, dev):
+    x = torch.arange(3).to(dev)
+    with pytest.raises(RuntimeError, match="^result type Float can't be cast to the desired "
+                                           "output type Long"):
+        x.add_(0.5)
+    with pytest.raises(RuntimeError, match="^result type Double can't be cast"):
+        x.mul_(torch.ones(3, dtype=torch.float64).to(dev))
+    assert_same(x, torch.arange(3))
