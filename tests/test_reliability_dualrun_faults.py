@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import xla_compat as xc
 from xla_compat import metrics, settings
+from xla_compat.lowering import registry
 from xla_compat.settings import SettingError, Settings
 from tests.models import MLP
 
@@ -152,3 +153,116 @@ def test_dual_run_timeout_setting_is_parsed_and_malformed_values_name_the_variab
     for bad in ("soon", "0", "-3"):
         with pytest.raises(SettingError, match="XLA_DUAL_RUN_TIMEOUT"):
             Settings.from_env({"XLA_DUAL_RUN_TIMEOUT": bad})
+
+
+# -- an abandoned shadow finishing later (issue 10 item 6) -------------------------------------
+
+@pytest.fixture
+def shadow_sinc_fails():
+    """``sinc`` (which only the shadow's step below calls) fails to lower, at its sync."""
+    def rule(x, **_):
+        raise RuntimeError("planted: the shadow's graph failed")
+    undo = registry.override(torch.ops.aten.sinc.default, rule)
+    yield
+    undo()
+
+
+def _finish_abandoned_shadows():
+    shadows = [t for t in threading.enumerate() if t.name.startswith("xla_compat-dual-run-shadow")]
+    release.set()
+    for t in shadows:
+        t.join(30)
+    assert not any(t.is_alive() for t in shadows)
+
+
+def _late_failing_step(path):
+    def step(t, b=None):
+        t.mul_(2)
+        if xc.path() != path:
+            u = (t if b is None else t + b).sinc()   # shadow work that cannot compile
+            release.wait(30)        # abandoned here; its closing sync runs after the test's writes
+            return u.sum()
+        return t.sum()
+    return step
+
+
+def test_an_abandoned_shadow_failing_late_never_rolls_back_authoritative_pending_work(
+        path, dev, shadow_sinc_fails):
+    w = torch.arange(6.).reshape(2, 3).to(dev)
+    b = torch.ones(3).to(dev)       # read by the shadow's failing graph, never written by it
+    with settings.override(dual_run_timeout=0.3):
+        r = xc.dual_run(_late_failing_step(path), w, b)
+    assert [m.kind for m in r.mismatches] == ["timeout"]
+    w.mul_(3)                       # the authoritative program goes on: pending, not synced
+    view = w[1]
+    view.add_(1)                    # a write through a view (legacy: pending on the storage)
+    b[1:].add_(10)                  # a write into a storage the failing graph reads
+    _finish_abandoned_shadows()     # the shadow's closing sync fails now
+    assert torch.equal(b.cpu(), torch.tensor([1., 11., 11.]))
+    expected = torch.arange(6.).reshape(2, 3) * 6
+    expected[1] += 1
+    assert torch.equal(w.cpu(), expected)
+    assert torch.equal(view.cpu(), expected[1])
+    assert metrics.counter("FailedSync") == 0
+    w.mul_(2)                       # and twice: the same program traced again
+    xc.sync()
+    assert torch.equal(w.cpu(), expected * 2)
+
+
+def test_a_shadow_failing_in_its_closing_sync_is_reported_and_the_authoritative_values_stand(
+        path, dev, shadow_sinc_fails):
+    """Without a timeout (the shadow runs on the caller's thread) and run twice."""
+    w = torch.arange(6.).reshape(2, 3).to(dev)
+    other = torch.ones(3).to(dev)
+    release.set()
+    for _ in range(2):
+        r = xc.dual_run(_late_failing_step(path), w)
+        assert "planted: the shadow's graph failed" in r.shadow_exception
+        assert r.authoritative_exception is None
+    other.add_(5)
+    assert torch.equal(w.cpu(), torch.arange(6.).reshape(2, 3) * 4)
+    assert torch.equal(other.cpu(), torch.full((3,), 6.))
+
+
+def test_an_abandoned_shadow_drawing_late_leaves_the_authoritative_random_stream_alone(
+        path, dev):
+    def step(t):
+        noise = torch.rand(3, device=dev)
+        if xc.path() != path:
+            release.wait(30)
+            noise = noise + torch.rand(3, device=dev)     # drawn after it was abandoned
+            xc.manual_seed(1234)                          # and reseeding, late
+        return t + noise
+
+    def program(dual):
+        xc.manual_seed(0)
+        t = torch.zeros(3).to(dev)
+        if dual:
+            with settings.override(dual_run_timeout=0.3):
+                first = xc.dual_run(step, t).value
+            _finish_abandoned_shadows()
+        else:
+            first = step(t)
+        return first.cpu(), torch.rand(5, device=dev).cpu(), torch.rand(5, device=dev).cpu()
+
+    plain = program(dual=False)
+    dual = program(dual=True)
+    for a, b in zip(dual, plain):
+        assert torch.equal(a, b), (a, b)
+
+
+def test_shadow_graphs_never_evict_the_authoritative_executables(path, dev):
+    x = torch.arange(4.).to(dev)
+
+    def step(t):
+        return (t * 3 + 1).sum() if xc.path() == path else (t * 3 - (-1)).sum()
+
+    with settings.override(compile_cache_size=1):
+        for _ in range(2):          # the second sync has the graph every later step has
+            plain = step(x)
+            xc.sync()
+        before = metrics.counter("UncachedCompile")
+        for _ in range(3):
+            r = xc.dual_run(step, x)
+            assert r.match and torch.equal(r.value.cpu(), plain.cpu())
+        assert metrics.counter("UncachedCompile") == before

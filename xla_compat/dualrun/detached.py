@@ -11,6 +11,7 @@ them; a failure or a timeout changes nothing and is returned to the caller as a 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -19,7 +20,7 @@ import jax
 
 from .. import executor
 from ..lazy import ir
-from ..lazy.ir import DeviceData, Value
+from ..lazy.ir import DeviceData, Poisoned, Value
 from ..lazy.tensor import live_tensors, lock
 from ..lazy.tracer import LoweringError
 
@@ -59,6 +60,44 @@ class Spans:
         self.ends.clear()
 
 
+class Owned:
+    """Ids of the nodes one thread created while recording (``recording``): a function-level
+    shadow run's own nodes. Node ids interleave with other threads' (the authoritative thread
+    goes on when a shadow is abandoned), so spans of ids cannot say whose a node is."""
+
+    def __init__(self):
+        self.ids: set = set()
+
+    def owns(self, node_id: int) -> bool:
+        return node_id in self.ids
+
+
+_recorders: dict = {}          # thread id -> Owned
+_recorders_lock = threading.Lock()
+
+
+def _on_create(node) -> None:
+    owned = _recorders.get(threading.get_ident())
+    if owned is not None:
+        owned.ids.add(node.id)
+
+
+@contextlib.contextmanager
+def recording(owned: Owned):
+    """Nodes this thread creates inside the block are ``owned``'s."""
+    me = threading.get_ident()
+    with _recorders_lock:
+        _recorders[me] = owned
+        ir.on_create = _on_create
+    try:
+        yield owned
+    finally:
+        with _recorders_lock:
+            _recorders.pop(me, None)
+            if not _recorders:
+                ir.on_create = None
+
+
 def shadow_roots(candidates: Iterable[Value], spans: Spans) -> list[Value]:
     """The pending ``candidates`` whose graph reaches a node the shadow created. The two paths
     never feed each other (lockstep isolates the RNG per op), so the rest is the authoritative
@@ -93,13 +132,18 @@ def _reaches(root, spans: Spans, memo: dict) -> bool:
     return memo[id(root)]
 
 
+# Shadow graphs keep executables of their own: in the shared cache they would push the
+# authoritative path's executables out (LRU) and make it compile again.
+cache = executor.CompileCache()
+
+
 def _compile_and_run(graph, params):
     doing = "compiling"
     try:
-        compiled = executor.cache.get(graph.key)
+        compiled = cache.get(graph.key)
         if compiled is None:
             compiled = executor.compile_graph(graph, params)
-            executor.cache.put(graph.key, compiled)
+            cache.put(graph.key, compiled)
         doing = "running"
         before = getattr(executor, "_before_execute", None)   # where tests plant execution faults
         if before is not None:
@@ -195,6 +239,55 @@ def _rebind(graph, outputs) -> None:
                 t._last_data = new
         for fn in executor._rebinders:       # path storages (legacy alias bases)
             fn(mapping)
+
+
+def close(owned, tensors, timeout_s: Optional[float] = None) -> None:
+    """A function-level shadow run's closing sync: materialise only the pending work that
+    reaches a node the shadow ``owned`` (``tensors``, the shadow's own, have their alias
+    updates applied first; path storages holding its writes included), as a graph of its own
+    (``run``). Never a full sync: that would take in whatever the authoritative thread has
+    pending by then, and roll it back if the shadow's part failed. On failure the shadow's
+    pending tensors and storages go back to their last values (``discard``) and the error
+    propagates; nothing else is touched."""
+    from .. import paths
+    shadow_tensors = list(tensors)
+    with lock:
+        by_path: dict = {}
+        for t in shadow_tensors:
+            name = paths.of(t)
+            if name is not None:
+                by_path.setdefault(name, []).append(t)
+        for name, ts in by_path.items():
+            paths.get(name).before_sync(ts)
+        values = [t._value for t in live_tensors()] + executor._extra_roots()
+        roots = shadow_roots(values, owned)
+    if not roots:
+        return
+    try:
+        run(roots, timeout_s)
+    except BaseException as e:
+        discard(roots, e)
+        raise
+
+
+def discard(roots: list[Value], error: BaseException) -> None:
+    """After the shadow's graph of ``roots`` failed: tensors pending one of ``roots`` return to
+    their last materialised value (poisoned without one), and path storages that graph computed
+    roll back (the executor's failure hooks, scoped to ``roots``), so that no later sync of the
+    authoritative path takes the failing work in."""
+    pending = set(roots)
+    with lock:
+        for t in live_tensors():
+            if t._value not in pending:
+                continue
+            last = getattr(t, "_last_data", None)
+            if last is not None and not last.node.array.is_deleted():
+                t._value = last
+            else:
+                t._value = Value(Poisoned(t._value.node.avals, executor.poison_error(error)),
+                                 t._value.index)
+        for fn in executor._failure_hooks:
+            fn(error, list(roots))
 
 
 def first_failing(groups: list[list[Value]], timeout_s: Optional[float] = None) -> Optional[int]:

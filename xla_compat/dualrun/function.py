@@ -23,7 +23,7 @@ import wrapt
 
 from .. import dispatch, executor, metrics, paths, settings
 from ..lazy import rng as device_rng
-from . import clone, modes, report
+from . import clone, detached, modes, report
 from .compare import IgnoreRules, Mismatch, compare_exceptions, compare_values
 
 PATHS = ("legacy", "functional")
@@ -144,21 +144,53 @@ def _run(step, args, kwargs, path: str) -> _Run:
     return r
 
 
-def _run_shadow(step, args, kwargs, path: str, timeout_s: Optional[float]) -> Optional[_Run]:
+def _run_shadow_here(step, args, kwargs, path: str, rng_start) -> _Run:
+    """The shadow run on this thread. Its device random numbers come from a stream of its own
+    starting at ``rng_start`` (``rng.private``), the nodes it creates are recorded, and its
+    closing sync materialises only pending work that reaches them (``detached.close``), as a
+    graph of its own, outside the device lock, without donation: never a full sync, which would
+    take in whatever the authoritative thread has pending by then and roll it back if the
+    shadow's part failed."""
+    r = _Run()
+    nodes0 = metrics.counter("IrNodes")
+    start = time.perf_counter()
+    owned = detached.Owned()
+    _protected.append(rng_start)         # the stream's first state: never donated under it
+    try:
+        with dispatch.use_path(path), device_rng.private(rng_start):
+            try:
+                with detached.recording(owned):
+                    r.out = step(*args, **kwargs)
+                mine = [t for t in clone.named_state(args, kwargs).values()
+                        if isinstance(t, torch.Tensor)]
+                mine += [t for _, t in _named_outputs(r.out)]
+                detached.close(owned, mine)
+            except Exception as e:  # recorded; a shadow's error is a finding
+                r.error = e
+    finally:
+        _protected.remove(rng_start)
+    r.wall_s = time.perf_counter() - start
+    r.nodes = metrics.counter("IrNodes") - nodes0
+    return r
+
+
+def _run_shadow(step, args, kwargs, path: str, timeout_s: Optional[float],
+                rng_start) -> Optional[_Run]:
     """The shadow run, or None when it took longer than ``timeout_s`` and was abandoned.
 
     With a timeout the shadow runs in a daemon worker thread and the caller stops waiting at the
     deadline. The thread cannot be killed: it may finish later. It only ever holds the cloned
-    arguments, so it cannot write authoritative tensors; its late sync materialises whatever is
-    pending then (values stay right), and random numbers it draws late advance the shared RNG.
-    A shadow stuck inside tracing or a sync holds the device lock and blocks every thread; the
-    timeout covers hangs in the step's own code (a wait, a dead data loader, a slow host op).
+    arguments, so it cannot write authoritative tensors; its closing sync computes only its own
+    work, outside the device lock (a graph that hangs in XLA is abandoned like a hang in the
+    step's code); device random numbers it draws late come from its own stream. Draws from the
+    CPU generators (torch, ``random``, numpy) are process-wide: a late one advances them.
     """
     if timeout_s is None:
-        return _run(step, args, kwargs, path)
+        return _run_shadow_here(step, args, kwargs, path, rng_start)
     box: list[_Run] = []
-    worker = threading.Thread(target=lambda: box.append(_run(step, args, kwargs, path)),
-                              name=f"xla_compat-dual-run-shadow-{path}", daemon=True)
+    worker = threading.Thread(
+        target=lambda: box.append(_run_shadow_here(step, args, kwargs, path, rng_start)),
+        name=f"xla_compat-dual-run-shadow-{path}", daemon=True)
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive() or not box:
@@ -240,7 +272,7 @@ def run_both(step, args: tuple, kwargs: dict, *, name: str, step_no: Optional[in
             a = _run(step, args, kwargs, auth)
         rng1 = _RngState.take()
         rng0.restore()
-        s = _run_shadow(step, s_args, s_kwargs, shadow, timeout_s)
+        s = _run_shadow(step, s_args, s_kwargs, shadow, timeout_s, rng0.device)
         rng1.restore()
     finally:
         _protected.remove(rng0.device)
