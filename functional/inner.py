@@ -17,7 +17,7 @@ from xla_compat import _jax, metrics
 from xla_compat.lazy import ir, tracer
 from xla_compat.lazy.tensor import LazyTensor
 
-from . import strides, viewchain, writes
+from . import overlap, strides, viewchain, writes
 
 aten = torch.ops.aten
 _state = threading.local()
@@ -166,8 +166,17 @@ def _check_within(x, size, stride, offset) -> None:
 
 @handles(aten.as_strided_scatter.default)
 def _as_strided_scatter(cls, func, args, kwargs):
+    """Where the view's elements overlap, ``src`` is first made what eager's element walk leaves
+    (``overlap.py``: an in-place op compounds, an out= keeps the last write); a base whose logical
+    order is not its storage order is written by storage position (``writes.py``)."""
     base, src, size, stride, *rest = args
     offset = kwargs.get("storage_offset", rest[0] if rest else None)
+    if isinstance(src, LazyTensor) and isinstance(base, LazyTensor):
+        walked = overlap.as_strided_walk(cls, base, src, tuple(size), tuple(stride), offset)
+        if walked is not None:
+            src, args = walked, (base, walked, *args[2:])
+            if writes.is_plain(base):
+                return tracer.trace(cls, func, args, kwargs)
     if writes.is_plain(base):
         return NotImplemented
     tracer.run_meta(func, args, kwargs)

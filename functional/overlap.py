@@ -1,25 +1,29 @@
-"""Writes through unfold windows that share elements, as eager's element walk leaves them.
+"""Writes through views whose elements share memory (unfold windows with step < size,
+overlapping ``as_strided``), as eager's element walk leaves them.
 
-Eager runs a write into overlapping windows element by element over the shared memory, in its
+Eager runs a write into such a view element by element over the shared memory, in its
 TensorIterator's order (``lowering/views.py: iteration_order``). Upstream functionalization writes
-the new windows back as their SUM (``unfold_backward``). Here the written windows' value is first
-made what eager's walk leaves, the same for every window element of one base element, so that
-writing it back element by element is right. What the write was is read off the node that
-computed the new windows, ``new``, from the windows ``read`` before the write:
+the new view back as the SUM of the windows (``unfold_backward``) or keeping one element of each
+group (``as_strided_scatter``). Here the written view's value is first made what eager's walk
+leaves, the same for every element of one memory element, so that writing it back element by
+element is right. What the write was is read off the node that computed the new view, ``new``,
+from the view ``read`` before the write:
 
-* a pointwise op of ``read`` (``v.mul_(2)``, ``v.add_(v)``, ``torch.mul(v, 2, out=v)``): each
-  element sees the op once per window it is in, each time on what the last one left: the node
-  is applied again round by round;
+* a pointwise op of ``read`` (``v.mul_(2)``, ``v.add_(v)``): each element sees the op once per
+  view element it is in, each time on what the last one left: the node is applied again round by
+  round;
 * an accumulating index op of ``read`` (``index_add``, ``scatter_add``, ``index_put`` with
-  accumulate): every window's contribution adds up;
+  accumulate): every contribution adds up;
 * another op of ``read`` (``index_put``, ``scatter``, ``index_fill``...): it writes only some
   elements; of those it changed, the last in the walk wins;
 * anything else (an out= result, a copied source): every element is written, the last wins.
 
-The walk's order is known here only from the view's own layout (its base contiguous) and the
-shapes of the node's inputs, which are taken as contiguous: where eager's order depends on another
-operand's strides (an out= whose input is transposed) the functional path can differ. ``copy_``
-is resolved earlier, where the source's strides are known (``copy_walk``).
+The walk's order comes from the view's eager strides and its operands'. For an out= result the
+result's own eager strides stand for its inputs' (eager lays a result out from its inputs, so they
+order the view's stride ties the same way). For an in-place op the other operands are taken as
+contiguous: the in-place result arrives with the written view's strides, so where a permuted
+operand decides eager's order (``v.lerp_(w.t(), 0.25)``) the functional path can differ.
+``copy_`` is resolved earlier, where the source's strides are known (``copy_walk``).
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from xla_compat.lazy import tracer
 from xla_compat.lazy.ir import Aval, Node, Slot, Value
 from xla_compat.lowering import views as lv
 
-from .writes import unfold_positions
+from .writes import Gather, find_node, is_plain, storage_to_logical, unfold_positions
 
 aten = torch.ops.aten
 
@@ -100,38 +104,109 @@ def _first_input(node):
     return node.inputs[first.k] if type(first) is Slot else None
 
 
-def unfold_walk(read: Value, new: Value, sizes, dim, size, step) -> Value:
+def unfold_walk(read: Value, new: Value, sizes, dim, size, step, new_stride=None) -> Value:
     """The windows' value after eager's walk, from the windows ``read`` before the write and the
-    value ``new`` upstream would write back."""
+    value ``new`` upstream would write back (``new_stride``: its eager strides, where known)."""
     shape, stride, pos = _windows_geometry(tuple(sizes), dim, size, step)
-    aval = Aval(tuple(shape), read.aval.dtype)
+    return walk(read, new, shape, stride, pos, new_stride)
+
+
+def walk(read: Value, new: Value, shape, stride, pos, new_stride=None) -> Value:
+    """The value of a view whose elements overlap after eager's walk writes ``new`` into it: the
+    view has ``shape`` and eager ``stride``; ``pos`` (of ``shape``) numbers each element's place
+    in the base (equal numbers: one element of memory); ``read`` is the view's value before the
+    write (``new`` itself where the write did not read it). ``new_stride`` is the written
+    result's eager layout: where the write did not read the view (an out= result), the layout
+    eager gave it from its inputs stands for theirs in the walk order (it breaks the view's
+    stride ties as they do); otherwise the other inputs are taken as contiguous."""
+    shape = tuple(shape)
+    aval = Aval(shape, read.aval.dtype)
     node = new.node
-    if new.aval.dtype != read.aval.dtype or tuple(new.aval.shape) != tuple(shape):
+    if new.aval.dtype != read.aval.dtype or tuple(new.aval.shape) != shape:
         return new
     on_read = _first_input(node) == read
     if on_read and _accumulates(node):
-        walk = lv.OverlapWalk(pos, np.arange(pos.size))
-        return lv.walk_node(lv.SumChanges(lv._table(walk.group), walk.groups), (read, new), aval)
-    operands = [stride, stride] + [
-        lv.broadcast_strides(shape, tuple(v.aval.shape), _contiguous(tuple(v.aval.shape)))
-        for v in node.inputs if v != read]
-    walk = lv.OverlapWalk(pos, lv.iteration_order(shape, operands))
+        w = lv.OverlapWalk(pos, np.arange(pos.size))
+        return lv.walk_node(lv.SumChanges(lv._table(w.group), w.groups), (read, new), aval)
+    if not on_read and new_stride is not None:
+        operands = [tuple(stride), lv.broadcast_strides(shape, shape, tuple(new_stride))]
+    else:
+        operands = [stride, stride] + [
+            lv.broadcast_strides(shape, tuple(v.aval.shape), _contiguous(tuple(v.aval.shape)))
+            for v in node.inputs if v != read]
+    w = lv.OverlapWalk(pos, lv.iteration_order(shape, operands))
     if on_read and _pointwise(node):
         cur, res = read, new
-        for r, src in enumerate(walk.rounds):
+        for r, src in enumerate(w.rounds):
             if r:
                 res = _replay(node, new.index, read, cur)
             cur = lv.walk_node(lv.TakeRound(lv._table(src)), (cur, res), aval)
         return cur
     if on_read:
-        rule = lv.LastChanged(lv._table(walk.group), walk.groups, lv._table(walk.rank))
+        rule = lv.LastChanged(lv._table(w.group), w.groups, lv._table(w.rank))
         inputs = (read, new)
         if node.op in _SETTING and not _accumulates(node):
             # Written: the elements whose result does not depend on what they held.
             inputs += tuple(_replay(node, new.index, read, lv.walk_node(FullLike(v), (read,), aval))
                             for v in (0, 1))
         return lv.walk_node(rule, inputs, aval)
-    return lv.walk_node(lv.TakeLast(lv._table(walk.last)), (read, new), aval)
+    return lv.walk_node(lv.TakeLast(lv._table(w.last)), (read, new), aval)
+
+
+def _as_strided_read(value: Value, base_shape, size, stride, offset, gather):
+    """The node that read the view ``as_strided(size, stride, offset)`` of a base of
+    ``base_shape``, searched in ``value``'s graph (``gather``: the rule reading it where the base
+    is not plain, see ``writes.as_strided_read``)."""
+    def reads(node) -> bool:
+        if len(node.inputs) != 1 or tuple(node.inputs[0].aval.shape) != base_shape:
+            return False
+        if node.op == "aten.as_strided_copy.default":
+            a = node.args
+            at = a[3] if len(a) > 3 else dict(node.kwargs).get("storage_offset")
+            return (tuple(a[1]), tuple(a[2]), at or 0) == (size, stride, offset or 0)
+        return node.op == "functional.as_strided_gather" and node.rule == gather
+    return find_node(value, reads)
+
+
+def _shares_memory(size, stride) -> bool:
+    """Do two elements of this layout share memory, without it being expanded (eager raises
+    before writing an expanded view)?"""
+    if lv.surely_distinct(size, stride) or any(n > 1 and s == 0 for n, s in zip(size, stride)):
+        return False
+    pos = lv.strided_index(size, stride, 0)
+    return np.unique(pos).size < pos.size
+
+
+_SHARES: dict = {}       # (size, stride) -> _shares_memory(size, stride)
+
+
+def as_strided_walk(cls, base, src, size, stride, offset):
+    """``src`` made what eager's walk leaves in ``base.as_strided(size, stride, offset)`` where
+    that view's elements overlap (and are not expanded), so that its write-back, which keeps the
+    last changed element, is right; None for any other view (every ordinary write-back)."""
+    shares = _SHARES.get((size, stride))
+    if shares is None:
+        shares = _shares_memory(size, stride)
+        if len(_SHARES) >= 4096:
+            _SHARES.clear()
+        _SHARES[(size, stride)] = shares
+    if not shares:
+        return None                        # (every ordinary write-back: one dict lookup)
+    offset = base.storage_offset() if offset is None else offset
+    pos = lv.strided_index(size, stride, offset)
+    gather = None
+    if not is_plain(base):
+        pos = storage_to_logical(base, pos, "as_strided_scatter")
+        gather = Gather(np.ascontiguousarray(pos, dtype=np.int64).tobytes(), tuple(size))
+    new = src._value
+    node = _as_strided_read(new, tuple(base.shape), size, stride, offset, gather)
+    if node is None:            # a write that did not read the view (out=): the last write wins
+        value = walk(new, new, size, stride, pos, src.stride())
+    else:
+        value = walk(Value(node, 0), new, size, stride, pos)
+    if value is new:
+        return None
+    return cls(value, tuple(size), src.dtype)
 
 
 def copy_walk(cls, dst, src):

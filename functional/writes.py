@@ -137,22 +137,31 @@ def leaves_gaps(sizes, dim, size, step) -> bool:
     return not covered.all()
 
 
-def find_unfold_read(value: Value, sizes, dim, size, step, limit: int = 2000):
-    """The ``unfold_copy`` node the written view was read from, searched in its graph."""
+def find_node(value: Value, wanted, limit: int = 2000):
+    """The first node of ``value``'s graph (searched from ``value`` back) that ``wanted(node)``
+    accepts, or None."""
     seen, stack = set(), [value.node]
     while stack and len(seen) < limit:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if node.op == "aten.unfold_copy.default" and len(node.inputs) == 1:
-            d, s, st = node.args[1:4]
-            base = node.inputs[0]
-            nd = max(len(base.aval.shape), 1)
-            if (d % nd, s, st) == (dim, size, step) and tuple(base.aval.shape) == tuple(sizes):
-                return node
+        if wanted(node):
+            return node
         stack.extend(v.node for v in node.inputs)
     return None
+
+
+def find_unfold_read(value: Value, sizes, dim, size, step, limit: int = 2000):
+    """The ``unfold_copy`` node the written view was read from, searched in its graph."""
+    def reads(node) -> bool:
+        if node.op != "aten.unfold_copy.default" or len(node.inputs) != 1:
+            return False
+        d, s, st = node.args[1:4]
+        base = node.inputs[0]
+        nd = max(len(base.aval.shape), 1)
+        return (d % nd, s, st) == (dim, size, step) and tuple(base.aval.shape) == tuple(sizes)
+    return find_node(value, reads, limit)
 
 
 @dataclass(frozen=True)
@@ -213,7 +222,7 @@ def unfold_write_back(cls, grad, sizes, dim, size, step):
         # A write of every element not computed from the windows (an out= result): the
         # last write of each element wins, and no element of the base keeps its value.
         from .overlap import unfold_walk
-        value = unfold_walk(grad._value, grad._value, sizes, dim, size, step)
+        value = unfold_walk(grad._value, grad._value, sizes, dim, size, step, grad.stride())
         value = _node("functional.unfold_cover", UnfoldCover(sizes, dim, size, step), [value],
                       sizes, value.aval.dtype)
         return cls(value, sizes, grad.dtype)

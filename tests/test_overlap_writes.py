@@ -129,12 +129,125 @@ def test_index_and_fill_ops_on_overlapping_windows_match_eager(path, dev, op):
     _run_twice(program, torch.arange(1., 11.), dev)
 
 
-def test_in_place_op_on_overlapping_as_strided_view_compounds_like_eager(path, dev, request):
+def test_in_place_op_on_overlapping_as_strided_view_compounds_like_eager(path, dev):
+    _run_twice(lambda t: t.as_strided((4, 3), (2, 1)).mul_(2), torch.arange(1., 11.), dev)
+
+
+# -- as_strided views whose elements overlap: (size, stride, storage offset) of a base of 12 ------
+STRIDED = [((4, 3), (2, 1), 0), ((3, 3), (2, 1), 1), ((3, 2, 2), (2, 1, 1), 0),
+           ((4, 3), (1, 1), 2), ((2, 3, 2), (3, 2, 1), 0), ((3, 3), (3, 2), 0)]
+
+
+def _operand(view):
+    """Per-element numbers that make the walk order show in non-commuting ops."""
+    n = view.numel()
+    return (torch.arange(n, dtype=torch.float64, device=view.device) * 7 % 5).reshape(
+        view.shape).to(view.dtype)
+
+
+def _permuted(shape, device):
+    """A tensor of ``shape`` whose dims lie in memory in reverse order (each stride breaks the
+    view's stride ties the other way)."""
+    n = int(np.prod(shape))
+    return torch.arange(float(n), device=device).reshape(shape[::-1]).permute(
+        *range(len(shape) - 1, -1, -1))
+
+
+@pytest.mark.parametrize("geometry", STRIDED, ids=str)
+@pytest.mark.parametrize("op", ["mul", "lerp", "add_self", "sub_div", "fill", "index_add",
+                                "index_put", "copy", "out", "out_permuted"])
+def test_writes_into_an_overlapping_as_strided_view_follow_eagers_walk(path, dev, geometry, op):
+    size, stride, offset = geometry
+
+    def program(t):
+        v = t.as_strided(size, stride, offset)
+        if op == "mul":
+            v.mul_(2)
+        elif op == "lerp":
+            v.lerp_(_operand(v), 0.25)
+        elif op == "add_self":
+            v.add_(v)
+        elif op == "sub_div":
+            v.sub_(1).div_(2)
+        elif op == "fill":
+            v.fill_(-3)
+        elif op == "index_add":
+            v.index_add_(0, torch.tensor([0, size[0] - 1], device=t.device),
+                         torch.ones((2,) + size[1:], device=t.device))
+        elif op == "index_put":
+            v.index_put_((torch.tensor([1], device=t.device),),
+                         -torch.arange(1., 1 + int(np.prod(size[1:])), device=t.device).reshape(
+                             size[1:]))
+        elif op == "copy":
+            v.copy_(_operand(v) + 100)
+        elif op == "out":
+            torch.mul(_operand(v), -1, out=v)
+        else:
+            torch.mul(_permuted(size, t.device), -1, out=v)
+    _run_twice(program, torch.arange(1., 13.), dev)
+
+
+def test_as_strided_write_into_a_base_with_permuted_strides_follows_eagers_walk(path, dev):
+    """as_strided indexes the base's storage, whose order is not its logical order here."""
+    def program(device):
+        x = torch.arange(1., 13., device=device).reshape(4, 3).t().mul(1)    # strides (1, 3)
+        for _ in range(2):
+            x.as_strided((4, 3), (2, 1), 1).mul_(2)
+            x.as_strided((3, 3), (1, 1)).lerp_(torch.arange(9., device=device).reshape(3, 3) % 4,
+                                               0.25)
+        return x
+    assert_same(program(dev), program("cpu"))
+
+
+@pytest.mark.parametrize("view", ["unfold", "as_strided"])
+def test_in_place_op_on_an_overlapping_view_read_before_a_sync_compounds(path, dev, view):
+    """The view's value reaches the write as device data (no read left in the graph)."""
+    import xla_compat as xc
+
+    def program(t):
+        v = t.unfold(0, 3, 1) if view == "unfold" else t.as_strided((4, 3), (2, 1))
+        if t.device.type != "cpu":
+            xc.sync()
+        v.lerp_(_operand(v), 0.25)
+    _run_twice(program, torch.arange(1., 11.), dev)
+
+
+# (base shape, dim, size, step, input's dim order in memory, second operand's shape or None)
+OUT_PERMUTED = [((2, 6), 1, 3, 1, (2, 1, 0), None), ((1, 2, 5), 2, 3, 1, (3, 0, 1, 2), None),
+                ((3, 1, 5), 0, 2, 1, (1, 2, 3, 0), None), ((3, 7), 1, 3, 1, (0, 2, 1), (3, 5, 3)),
+                ((2, 5), 1, 3, 1, (2, 0, 1), (1, 3, 1)), ((8,), 0, 3, 1, (1, 0), (6, 1))]
+
+
+@pytest.mark.parametrize("case", OUT_PERMUTED, ids=str)
+def test_out_write_into_overlapping_windows_of_permuted_inputs_matches_eager(path, dev, case):
+    """The out= result's walk: the windows' strides first, ties broken by the inputs' layout."""
+    shape, d, size, step, order, other = case
+
+    def program(t):
+        v = t.unfold(d, size, step)
+        n = v.numel()
+        inv = [order.index(i) for i in range(v.dim())]
+        src = torch.arange(float(n), device=t.device).reshape(
+            [v.shape[i] for i in order]).permute(inv)
+        if other is None:
+            torch.mul(src, -1, out=v)
+        else:
+            b = torch.arange(float(np.prod(other)), device=t.device).reshape(other) * 7 % 5
+            torch.add(src, b, out=v)
+    _run_twice(program, torch.zeros(shape), dev)
+
+
+def test_in_place_op_with_a_permuted_operand_on_overlapping_windows_matches_eager(path, dev,
+                                                                                 request):
+    """Eager breaks the windows' stride tie with the operand's strides."""
     if path == "functional":
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): a write through an overlapping as_strided view is written back "
-            "by as_strided_scatter (last changed element wins); it does not compound")))
-    _run_twice(lambda t: t.as_strided((4, 3), (2, 1)).mul_(2), torch.arange(1., 11.), dev)
+            "open (functional): the in-place op's result reaches the write-back with the "
+            "written view's strides (writes_eager._keep_written_layout), so the walk takes the "
+            "other operand as contiguous")))
+    _run_twice(lambda t: t.unfold(0, 3, 1).lerp_(
+        (torch.arange(24., device=t.device) * 7 % 5).reshape(3, 8).t(), 0.25),
+        torch.arange(1., 11.), dev)
 
 
 def test_in_place_op_on_an_overlapping_view_reads_the_windows_value_after_the_write(path, dev):
@@ -147,14 +260,8 @@ def test_in_place_op_on_an_overlapping_view_reads_the_windows_value_after_the_wr
     assert_same(d, cpu)
 
 
-def test_out_write_into_overlapping_windows_of_a_transposed_input_is_legacy_exact(path, dev,
-                                                                                request):
+def test_out_write_into_overlapping_windows_of_a_transposed_input_matches_eager(path, dev):
     """Eager breaks the destination's stride tie with the input's strides."""
-    if path == "functional":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): an out= op has no meta reference, so the write-back of its "
-            "result sees neither the out tensor nor its inputs' strides; its walk order assumes "
-            "contiguous inputs")))
     def program(t):
         src = torch.arange(24., device=t.device).reshape(3, 8).t()
         torch.mul(src, -1, out=t.unfold(0, 3, 1))
