@@ -187,6 +187,10 @@ def _run_shadow(step, args, kwargs, path: str, timeout_s: Optional[float],
     """
     if timeout_s is None:
         return _run_shadow_here(step, args, kwargs, path, rng_start)
+    _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+    if _abandoned:       # a hung XLA execution holds a device thread: do not start another
+        metrics.inc("DualRunShadowTimeout")
+        return None
     box: list[_Run] = []
     worker = threading.Thread(
         target=lambda: box.append(_run_shadow_here(step, args, kwargs, path, rng_start)),
@@ -194,9 +198,13 @@ def _run_shadow(step, args, kwargs, path: str, timeout_s: Optional[float],
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive() or not box:
+        _abandoned.append(worker)
         metrics.inc("DualRunShadowTimeout")
         return None
     return box[0]
+
+
+_abandoned: list = []      # shadow threads abandoned at the timeout and still running
 
 
 def _first_path(x) -> Optional[str]:
@@ -281,7 +289,8 @@ def run_both(step, args: tuple, kwargs: dict, *, name: str, step_no: Optional[in
     timed_out = s is None
     if timed_out:
         found.append(Mismatch("shadow", "timeout", f"shadow timed out: the {shadow} path took "
-                              f"longer than {timeout_s:g} s and was abandoned (raise "
+                              f"longer than {timeout_s:g} s and was abandoned, or an earlier "
+                              f"abandoned shadow still runs and none was started (raise "
                               f"XLA_DUAL_RUN_TIMEOUT if the step is just slow)"))
         s = _Run(wall_s=float(timeout_s))
     exc = None if timed_out else compare_exceptions(a.error, s.error, (auth, shadow))
