@@ -232,8 +232,9 @@ def unfold_write_back(cls, grad, sizes, dim, size, step):
         raise FunctionalizationLimit(
             f"xla_compat: a write through x.unfold({dim}, {size}, {step}) of a tensor of size "
             f"{list(sizes)} must {what}, but the functional path cannot find the values the "
-            f"view had (it was synced away from its base). Write into the base directly, or "
-            f"clone the unfolded view before writing it.")
+            f"view had (the write did not read the view, e.g. an out= result, or the view was "
+            f"synced away from its base). Write into the base directly, or clone the unfolded "
+            f"view before writing it.")
     base, value = read.inputs[0], grad._value
     if shared:
         from .overlap import unfold_walk
