@@ -87,7 +87,8 @@ def _roll_back(error, roots=None) -> None:
     writes."""
     nodes = None if roots is None else executor.reaches(roots)
     for a in _alias.live_aliases():
-        if nodes is None or any(v.node in nodes for v in a.values()):
+        # (a storage the failed graph only read, as a materialised leaf, keeps its writes)
+        if nodes is None or any(v.node in nodes and not v.node.is_leaf for v in a.values()):
             a.roll_back(error)
 
 

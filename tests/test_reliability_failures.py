@@ -234,3 +234,23 @@ def test_a_failed_read_of_one_tensor_keeps_the_pending_writes_of_the_others(path
     torch.testing.assert_close(w.cpu(), w_cpu)       # its pending write kept
     torch.testing.assert_close(v.cpu(), w_cpu[1:])
     torch.testing.assert_close(z.cpu(), z_cpu)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_failed_read_that_only_reads_another_storage_keeps_that_storages_writes(path, dev,
+                                                                                 fault):
+    # y is computed from w's materialised value; w then gets a pending write through a view.
+    # The failed read of y returns y to its last value but must leave w's write in place.
+    plant, error = FAULTS[fault]
+    x, w, z = _state(dev)
+    w_cpu = w.cpu()
+    undo = plant()
+    try:
+        y = w.add(w)
+        w[1:].mul_(3)
+        w_cpu[1:].mul_(3)
+        with pytest.raises(error):
+            y.cpu()
+    finally:
+        undo()
+    torch.testing.assert_close(w.cpu(), w_cpu)
