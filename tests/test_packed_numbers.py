@@ -99,3 +99,42 @@ def test_layout_groups_numbers_by_kind_and_leaves_one_number_alone():
     assert {g[0] for g in groups} == {(1, 4), (2, 6), (5,)}
     assert packed_numbers.layout([arr, 1.5]) is None          # one number: passed as it is
     assert packed_numbers.layout([2 ** 70, 1]) is None         # beyond int64: passed as it is
+
+
+def test_a_captured_steps_recorded_numbers_are_packed_once(path, dev, monkeypatch):
+    # A replayed step passes its recorded numbers as the same device scalars every time: the
+    # packed vectors are made once, not converted back to the host on every replay.
+    from xla_compat import capture
+    monkeypatch.setattr(capture, "BAKE_HORIZON", 0)    # numbers stay parameters (device scalars)
+    x = torch.randn(8, 8).to(dev)
+
+    @xc.compile
+    def step():
+        x.mul_(0.5).add_(0.25).sub_(0.125)
+    made = []
+    real = packed_numbers.host_params
+    monkeypatch.setattr(packed_numbers, "host_params",
+                        lambda params, plan: made.append(1) or real(params, plan))
+    expected = x.cpu()
+    for _ in range(6):
+        step()
+        xc.sync()
+        expected = expected * 0.5 + 0.25 - 0.125
+    assert_same(x, expected)
+    assert len(made) <= 3          # recording and the first replays, not one per replay
+
+
+def test_new_number_objects_are_packed_anew():
+    import jax.numpy as jnp
+    calls = []
+    packed = packed_numbers.Packed(lambda *ins: calls.append(ins) or ins, ((0,), (((1, 2),
+                                                                            packed_numbers.np.float64, True),)))
+    a, b = jnp.asarray(1.5), jnp.asarray(2.5)
+    packed("x", a, b)
+    packed("x", a, b)
+    assert calls[0][1] is calls[1][1]                  # the same objects: the same vector
+    packed("x", jnp.asarray(1.5), b)
+    assert calls[2][1] is not calls[1][1]
+    assert [float(v) for v in calls[2][1]] == [1.5, 2.5]
+    packed("y", 3.0, 4.0)                              # Python numbers: packed each call
+    assert list(calls[3][1]) == [3.0, 4.0] and calls[3][0] == "y"

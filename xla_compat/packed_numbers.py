@@ -12,6 +12,7 @@ makes of a Python number, so every rule sees what it saw before and the program 
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 from jax._src.lax.lax import _convert_element_type
 
@@ -69,16 +70,31 @@ def host_params(params: list, plan) -> list:
 
 
 class Packed:
-    """An executable compiled for packed numbers, called with one parameter per graph leaf."""
+    """An executable compiled for packed numbers, called with one parameter per graph leaf.
 
-    __slots__ = ("executable", "plan", "xla_compat_compile_ns")
+    The same number objects as the last call (a captured step replays its recorded numbers,
+    held as device scalars) reuse that call's vectors: no conversion, no transfer."""
+
+    __slots__ = ("executable", "plan", "xla_compat_compile_ns", "_numbers", "_vectors")
 
     def __init__(self, executable, plan):
         self.executable, self.plan = executable, plan
         self.xla_compat_compile_ns = None
+        self._numbers = self._vectors = None
 
     def __call__(self, *params):
-        return self.executable(*host_params(params, self.plan))
+        arrays, groups = self.plan
+        numbers = [params[i] for positions, _, _ in groups for i in positions]
+        last = self._numbers
+        if last is None or len(last) != len(numbers) or any(
+                a is not b for a, b in zip(last, numbers)):
+            vectors = host_params(params, self.plan)[len(arrays):]
+            if not all(type(n) in _KINDS for n in numbers):   # device scalars: keep them there
+                vectors = [jax.device_put(v) for v in vectors]
+                self._numbers, self._vectors = numbers, vectors
+        else:
+            vectors = self._vectors
+        return self.executable(*[params[i] for i in arrays], *vectors)
 
     def __getattr__(self, name):          # as_text, memory_analysis, cost_analysis, ...
         return getattr(self.executable, name)
