@@ -81,10 +81,37 @@ def _kernel(spec: OutOp):
                 out = out[0] if out else None
             if out is not None and _is_functional(out):
                 write_checks.check_out(spec, args, kwargs, STORAGES)
+                if len(spec.outs) == 1 and out._base is not None and _through_unfold(out):
+                    done = _out_through_copy(op, first, out, args, kwargs)
+                    if done is not None:
+                        return done
             with _BELOW_AUTOGRAD():
                 return op(*args, **kwargs)
     out_kernel.__name__ = f"checked_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return out_kernel
+
+
+def _through_unfold(t) -> bool:
+    """Is ``t`` a view taken through ``unfold``? Functionalization writes such a view back from
+    its new value alone (``unfold_backward``), which keeps neither the elements between the
+    windows nor eager's order for shared ones unless the new value read the view."""
+    from torch._C._functionalization import get_view_meta_sequence
+    return any(type(m).__name__ == "unfold_ViewMeta" for m in get_view_meta_sequence(t))
+
+
+def _out_through_copy(op, name, out, args, kwargs):
+    """``op(..., out=view)`` as eager writes it: the result into a fresh tensor, then copied into
+    the view (a copy reads the view, so its write-back keeps every element the result does not
+    write). None where the result is not the view's shape (eager would resize the view)."""
+    fresh = torch.empty(0, dtype=out.dtype, device=out.device)
+    with _BELOW_AUTOGRAD(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")        # (resizing an empty out= tensor: no warning)
+        op(*args, **{**kwargs, name: fresh})
+    if tuple(fresh.shape) != tuple(out.shape):
+        return None
+    with _BELOW_AUTOGRAD():
+        out.copy_(fresh)
+    return out
 
 
 def _requires_grad(args) -> bool:

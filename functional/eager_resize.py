@@ -45,12 +45,21 @@ def _resized_slice_write_back(cls, func, args, kwargs):
     base, src = args[0], args[1]
     if not (isinstance(base, LazyTensor) and isinstance(src, LazyTensor)):
         return NotImplemented
-    d, start, end, step = (list(args[2:]) + [0, None, None, 1][len(args) - 2:])[:4]
-    d = d % max(base.dim(), 1)
-    n = len(range(*slice(start, end, step).indices(base.shape[d])))
-    if tuple(src.shape) == tuple(base.shape[:d]) + (n,) + tuple(base.shape[d + 1:]):
-        return NotImplemented
-    return tracer.trace(cls, func, args, kwargs)
+    key = (base.shape, src.shape, *args[2:], *kwargs.items())
+    resized = _RESIZED.get(key)
+    if resized is None:
+        d, start, end, step = (list(args[2:]) + [0, None, None, 1][len(args) - 2:])[:4]
+        d = d % max(base.dim(), 1)
+        n = len(range(*slice(start, end, step).indices(base.shape[d])))
+        resized = tuple(src.shape) != tuple(base.shape[:d]) + (n,) + tuple(base.shape[d + 1:])
+        if len(_RESIZED) >= 4096:
+            _RESIZED.clear()
+        _RESIZED[key] = resized
+    return tracer.trace(cls, func, args, kwargs) if resized else NotImplemented
+
+
+# (base shape, src shape, arguments) -> is it a resized write-back? (every slice_scatter asks)
+_RESIZED: dict = {}
 
 
 _lib = None

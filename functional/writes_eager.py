@@ -121,19 +121,36 @@ _copy_next = _HANDLERS.get(aten.copy.default)
 
 def _copy(cls, func, args, kwargs):
     dst, src = args[0], args[1]
-    if (isinstance(dst, LazyTensor) and isinstance(src, LazyTensor) and dst is not src
-            and dst.element_size() == src.element_size()
-            and tracer.partial_overlap(_geometry(dst), _geometry(src))
-            and _root(dst._value) is _root(src._value)):
-        raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by aten.copy_ with "
-                           f"inputs {tracer.describe(args)})")
-    if (isinstance(dst, LazyTensor) and isinstance(src, LazyTensor) and dst is not src
-            and not kwargs and len(args) == 2):
-        from .overlap import copy_walk
-        out = copy_walk(cls, dst, src)
-        if out is not None:
-            return out
+    if isinstance(dst, LazyTensor) and isinstance(src, LazyTensor) and dst is not src:
+        key = (dst._geo or tracer._geometry_of(dst), src._geo or tracer._geometry_of(src))
+        facts = _COPY_FACTS.get(key)
+        if facts is None:
+            facts = _copy_facts(dst, src)
+            if len(_COPY_FACTS) >= 4096:
+                _COPY_FACTS.clear()
+            _COPY_FACTS[key] = facts
+        partial, overlapping = facts
+        if partial and _root(dst._value) is _root(src._value):
+            raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by aten.copy_ "
+                               f"with inputs {tracer.describe(args)})")
+        if overlapping and not kwargs and len(args) == 2:
+            from .overlap import copy_walk
+            out = copy_walk(cls, dst, src)
+            if out is not None:
+                return out
     return _copy_next(cls, func, args, kwargs) if _copy_next is not None else NotImplemented
+
+
+# (dst geometry, src geometry) -> (could they partially overlap in one storage, may dst's own
+# elements overlap): every copy_ asks, a loop asks about the same few layouts.
+_COPY_FACTS: dict = {}
+
+
+def _copy_facts(dst, src) -> tuple:
+    from xla_compat.lowering.views import surely_distinct
+    partial = (dst.element_size() == src.element_size()
+               and tracer.partial_overlap(_geometry(dst), _geometry(src)))
+    return partial, not surely_distinct(tuple(dst.shape), dst.stride())
 
 
 # In-place ops whose meta kernel is Python (the others' meta kernels are C++ and stay as they are).
