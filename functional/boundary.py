@@ -76,6 +76,23 @@ def install() -> None:
         _lib.impl("_to_copy", _to_copy_functionalize, "Functionalize")
         _install_as_strided()
         _install_copy_ops()
+        _install_unfold_backward()
+
+
+# -- unfold_backward as an op ----------------------------------------------------------------------
+
+def _install_unfold_backward() -> None:
+    """A program's own ``unfold_backward`` (istft's overlap-add, a composite's gradient) sums the
+    windows. The inner tensor also gets it as functionalization's write-back of an unfold view,
+    which must not sum where windows overlap (``writes.unfold_write_back``): calls that come
+    through the Functionalize key, as a program's do, are marked as ops."""
+    upstream = torch.library.get_kernel(torch.ops.aten.unfold_backward.default, "Functionalize")
+
+    def unfold_backward_op(keyset, grad, input_sizes, dim, size, step):
+        from .writes import as_op
+        with as_op():
+            return upstream.call_boxed(keyset, grad, input_sizes, dim, size, step)
+    _lib.impl("unfold_backward", unfold_backward_op, "Functionalize", with_keyset=True)
 
 
 _lib = None

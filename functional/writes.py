@@ -12,6 +12,9 @@ Two cases (see DESIGN.md, "Checked facts"):
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,6 +208,19 @@ def overlaps(sizes, dim, size, step) -> bool:
     return bool(sizes) and step < size and (sizes[dim] - size) // step >= 1
 
 
+_op_state = threading.local()
+
+
+@contextlib.contextmanager
+def as_op():
+    """Inside: an ``unfold_backward`` is the program's own op, not a view's write-back."""
+    _op_state.depth = getattr(_op_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _op_state.depth -= 1
+
+
 def unfold_write_back(cls, grad, sizes, dim, size, step):
     """The functional inverse of ``unfold`` that keeps the elements between windows and, where
     windows overlap, writes each shared element as eager's walk does (``overlap.py``); or None
@@ -217,6 +233,8 @@ def unfold_write_back(cls, grad, sizes, dim, size, step):
     node = torch._C._current_autograd_node()
     if node is not None and type(node).__name__ == "UnfoldBackward0":
         return None  # autograd's gradient of unfold: zeros between windows are right there
+    if getattr(_op_state, "depth", 0):
+        return None  # the program's own unfold_backward (istft's overlap-add): the sum
     read = find_unfold_read(grad._value, sizes, dim, size, step)
     if read is None and shared and not leaves_gaps(sizes, dim, size, step):
         # A write of every element not computed from the windows (an out= result): the

@@ -326,3 +326,16 @@ def test_the_quick_distinctness_test_never_calls_an_overlapping_layout_distinct(
                 assert np.unique(pos).size == pos.size, (shape, stride)
     assert said_distinct > 500      # and it does say so for the ordinary layouts
     assert lv.surely_distinct((4, 4, 8, 32), (131072, 32768, 4096, 1))   # W4's view
+
+
+@pytest.mark.parametrize("sizes, dim, size, step", [((10,), 0, 3, 1), ((4, 9), 1, 4, 2),
+                                                   ((7,), 0, 2, 3)])
+def test_a_programs_own_unfold_backward_sums_the_windows_like_eager(path, dev, sizes, dim, size,
+                                                                    step):
+    # istft's overlap-add calls unfold_backward itself: that is the sum of the windows, unlike
+    # the write-back of an unfold view (the element walk above).
+    windows = torch.randn(torch.empty(sizes).unfold(dim, size, step).shape)
+    for _ in range(2):
+        expected = torch.ops.aten.unfold_backward(windows, list(sizes), dim, size, step)
+        got = torch.ops.aten.unfold_backward(windows.to(dev), list(sizes), dim, size, step)
+        assert_same(got, expected)
