@@ -64,17 +64,9 @@ def _replay(node, index, read, cur) -> Value:
     return Value(Node(node.op, node.rule, node.args, node.kwargs, inputs, node.avals), index)
 
 
-def _contiguous(shape) -> tuple:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(out))
-
-
 def _windows_geometry(sizes, dim, size, step):
     """(view shape, view strides over a contiguous base, base position of each element)."""
-    base_stride = _contiguous(sizes)
+    base_stride = lv.contiguous_strides(sizes)
     n = (sizes[dim] - size) // step + 1
     shape = sizes[:dim] + (n,) + sizes[dim + 1:] + (size,)
     stride = base_stride[:dim] + (step * base_stride[dim],) + base_stride[dim + 1:] \
@@ -132,7 +124,7 @@ def walk(read: Value, new: Value, shape, stride, pos, new_stride=None) -> Value:
         operands = [tuple(stride), lv.broadcast_strides(shape, shape, tuple(new_stride))]
     else:
         operands = [stride, stride] + [
-            lv.broadcast_strides(shape, tuple(v.aval.shape), _contiguous(tuple(v.aval.shape)))
+            lv.broadcast_strides(shape, tuple(v.aval.shape), lv.contiguous_strides(tuple(v.aval.shape)))
             for v in node.inputs if v != read]
     w = lv.OverlapWalk(pos, lv.iteration_order(shape, operands))
     if on_read and _pointwise(node):

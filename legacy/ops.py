@@ -408,19 +408,8 @@ def check_overlapping_write(func, args, kwargs) -> None:
 def _eager_probe(func, args, kwargs) -> None:
     """Run ``func`` on CPU tensors of the same layouts over one zero storage per alias, and
     re-raise an overlap error."""
-    storages: dict = {}
-
-    def cpu(x):
-        if isinstance(x, LegacyTensor):
-            key = (id(x._alias), x.dtype)
-            if key not in storages:
-                storages[key] = torch.zeros(storage_elements(x), dtype=x.dtype)
-            return storages[key].as_strided(x.shape, x.stride(), x.storage_offset())
-        if isinstance(x, (list, tuple)):
-            return type(x)(cpu(e) for e in x)
-        if isinstance(x, torch.device):
-            return torch.device("cpu")
-        return x
+    flat = tracer._flat_tensors((args, list(kwargs.values())))
+    cpu = write_checks.cpu_twins(STORAGES, *write_checks.storage_layout(flat, STORAGES))
     try:
         func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
     except RuntimeError as e:

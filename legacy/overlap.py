@@ -56,14 +56,6 @@ def _strides(t, operands) -> list:
     return out
 
 
-def _contiguous(shape) -> tuple:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(out))
-
-
 def _tensor(value, like) -> LegacyTensor:
     return LegacyTensor(value, tuple(like.shape), like.dtype)
 
@@ -154,7 +146,7 @@ def in_place(func, args, kwargs):
     res = call(snapshot)
     if res.dtype != t.dtype or tuple(res.shape) != tuple(t.shape):
         # Eager computes into a temporary of the common dtype and copies it back (copy_'s walk).
-        order = lv.iteration_order(tuple(t.shape), [tuple(t.stride()), _contiguous(t.shape)])
+        order = lv.iteration_order(tuple(t.shape), [tuple(t.stride()), lv.contiguous_strides(t.shape)])
         walk = lv.OverlapWalk(pos, order)
         t._value = _apply(lv.TakeLast(lv._table(walk.last)), snapshot, res)._value
         return t

@@ -216,12 +216,7 @@ def _dry_run(spec: OutOp, args, kwargs, outs, inputs, results, storages: Storage
     owns = storages.owns
     if not all(owns(t) or t.device.type == "cpu" for t in flat):
         return       # another device's tensor: the op itself raises eager's device error
-    storage_of: dict = {}        # storage key -> its index among this op's storages
-    sizes: dict = {}             # (storage index, dtype) -> elements a CPU buffer needs
-    for t in flat:
-        if owns(t):
-            k = (storage_of.setdefault(storages.key(t), len(storage_of)), t.dtype)
-            sizes[k] = max(sizes.get(k, 1), storages.extent(t))
+    storage_of, sizes = storage_layout(flat, storages)
     if sum(n * k[1].itemsize for k, n in sizes.items()) > DRY_RUN_BYTES:
         return _without_dry_run(spec, outs, inputs, results, storages)
     parts = [spec.op, tuple(sizes.items()),
@@ -231,17 +226,7 @@ def _dry_run(spec: OutOp, args, kwargs, outs, inputs, results, storages: Storage
         key = tuple(parts)
         if key in _PASSED:
             return
-    buffers = {k: torch.zeros(n, dtype=k[1]) for k, n in sizes.items()}
-
-    def cpu(x):
-        if isinstance(x, torch.Tensor) and owns(x):
-            buffer = buffers[(storage_of[storages.key(x)], x.dtype)]
-            return buffer.as_strided(tuple(x.shape), x.stride(), x.storage_offset())
-        if isinstance(x, (list, tuple)):
-            return type(x)(cpu(e) for e in x)
-        if isinstance(x, torch.device):
-            return torch.device("cpu")
-        return x
+    cpu = cpu_twins(storages, storage_of, sizes)
     try:
         # (a random op's dry run must not move the user's CPU generator)
         with warnings.catch_warnings(), torch.no_grad(), torch.random.fork_rng(devices=[]):
@@ -256,6 +241,35 @@ def _dry_run(spec: OutOp, args, kwargs, outs, inputs, results, storages: Storage
         if len(_PASSED) >= CACHE_LIMIT:
             _PASSED.clear()
         _PASSED[key] = True
+
+
+def storage_layout(flat, storages: Storages) -> tuple:
+    """({storage key: its index among these tensors' storages}, {(storage index, dtype):
+    elements a CPU buffer standing for it needs}) of the device tensors in ``flat``."""
+    storage_of: dict = {}
+    sizes: dict = {}
+    for t in flat:
+        if storages.owns(t):
+            k = (storage_of.setdefault(storages.key(t), len(storage_of)), t.dtype)
+            sizes[k] = max(sizes.get(k, 1), storages.extent(t))
+    return storage_of, sizes
+
+
+def cpu_twins(storages: Storages, storage_of: dict, sizes: dict):
+    """A function giving each device tensor (in nested arguments) a CPU view of zeros laid out as
+    it is, tensors of one storage sharing one buffer: eager's checks see the real aliasing."""
+    buffers = {k: torch.zeros(n, dtype=k[1]) for k, n in sizes.items()}
+
+    def cpu(x):
+        if isinstance(x, torch.Tensor) and storages.owns(x):
+            buffer = buffers[(storage_of[storages.key(x)], x.dtype)]
+            return buffer.as_strided(tuple(x.shape), x.stride(), x.storage_offset())
+        if isinstance(x, (list, tuple)):
+            return type(x)(cpu(e) for e in x)
+        if isinstance(x, torch.device):
+            return torch.device("cpu")
+        return x
+    return cpu
 
 
 def _without_dry_run(spec: OutOp, outs, inputs, results, storages: Storages) -> None:

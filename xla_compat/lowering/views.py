@@ -156,6 +156,15 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     return jnp.moveaxis(moved, (-2, -1), (d1, d2))
 
 
+def contiguous_strides(shape) -> tuple:
+    """Row-major strides of ``shape`` (a size-0 or size-1 dim steps like size 1)."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
 def surely_distinct(size, stride) -> bool:
     """A quick sufficient test that no two elements of a strided layout share a storage
     position: taken by increasing stride, each dim's stride passes the span of the dims before
