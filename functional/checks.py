@@ -214,6 +214,10 @@ def _copy_functionalize(keyset, self, src, non_blocking=False):
                                        (tuple(src.shape), src.stride(), src.storage_offset()))):
         raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by aten.copy_ on "
                            f"the functional path; nothing was written)")
+    if _is_functional(self) and any(s == 0 and n > 1 for n, s in zip(self.shape, self.stride())):
+        # eager's internal-overlap check of the written tensor (an expanded view)
+        raise RuntimeError(f"{write_checks._INTERNAL_OVERLAP}\n  (xla_compat: raised by "
+                           f"aten.copy_ on the functional path; nothing was written)")
     return _copy_upstream.call_boxed(keyset, self, src, non_blocking)
 
 

@@ -118,6 +118,8 @@ def in_place(func, args, kwargs):
                                   or torch.Tag.pointwise in functional.tags):
         return NotImplemented
     tracer.meta(func, args, kwargs)               # eager's errors (shapes, dtypes)
+    # (meta kernels of in-place ops let int_tensor.mul_(0.5) pass; eager refuses the cast)
+    tracer.check_result_cast(func, functional, (args, kwargs), [t])
     _refuse_live_reads(func, t, operands)
     snapshot = _tensor(t._value, t)
 
