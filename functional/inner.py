@@ -136,7 +136,6 @@ def _copy_from_host(cls, func, args, kwargs):
     return out
 
 
-
 @handles(aten.as_strided_copy.default)
 def _as_strided(cls, func, args, kwargs):
     x, size, stride, *rest = args

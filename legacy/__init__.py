@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from xla_compat import executor, paths
-from xla_compat.lazy.ir import skip_frames_in
+from xla_compat.lazy.ir import reaches, skip_frames_in
 
 from . import alias as _alias
 from .alias import Alias
@@ -85,7 +85,7 @@ def _roll_back(error, roots=None) -> None:
     """A failed sync: every storage it computed returns to its last materialised value (see
     Alias); after a failed partial sync (one tensor's read) the others keep their pending
     writes."""
-    nodes = None if roots is None else executor.reaches(roots)
+    nodes = None if roots is None else reaches(roots)
     for a in _alias.live_aliases():
         # (a storage the failed graph only read, as a materialised leaf, keeps its writes)
         if nodes is None or any(v.node in nodes and not v.node.is_leaf for v in a.values()):

@@ -754,15 +754,3 @@ def wait_device_ops() -> None:
 
 def clear_cache() -> None:
     cache.clear()
-
-
-def reaches(roots) -> set:
-    """The nodes the Values ``roots`` are computed from (themselves included)."""
-    seen: set = set()
-    stack = [v.node for v in roots]
-    while stack:
-        node = stack.pop()
-        if node not in seen:
-            seen.add(node)
-            stack.extend(v.node for v in node.inputs)
-    return seen

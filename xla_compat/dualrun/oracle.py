@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .. import _jax, executor
-from ..lazy import tracer
+from ..lazy import ir, tracer
 from ..lazy.ir import ScalarParam, Value
 from ..lazy.tensor import DEVICE
 from ..lazy.tracer import fill
@@ -55,16 +55,8 @@ def culprit(path: str, node, detail: str) -> dict:
 
 def window_nodes(values, first: int, last: int) -> list:
     """The non-leaf nodes under ``values`` created in (first, last), in creation order."""
-    seen, stack, out = set(), [v.node for v in values], []
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if first < n.id < last and not n.is_leaf:
-            out.append(n)
-        stack.extend(v.node for v in n.inputs)
-    return sorted(out, key=lambda n: n.id)
+    return sorted((n for n in ir.reaches(values) if first < n.id < last and not n.is_leaf),
+                  key=lambda n: n.id)
 
 
 def _cpu_arg(x):

@@ -416,15 +416,10 @@ class Lockstep:
 
     def protected(self):
         """Leaves under the pending op log (the CPU check re-evaluates nodes from them)."""
-        seen, stack = set(), [v.node for r in self.records for vs in r.values.values() for v in vs]
-        while stack:
-            n = stack.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
+        under = ir.reaches(v for r in self.records for vs in r.values.values() for v in vs)
+        for n in under:
             if type(n) is DeviceData:
                 yield Value(n, 0)
-            stack.extend(v.node for v in n.inputs)
 
     def check(self) -> Optional[DualRunResult]:
         """Compare the op log since the last check (its probes must be materialised)."""

@@ -190,6 +190,18 @@ def sig_id(signature: tuple) -> int:
     return s
 
 
+def reaches(values) -> set:
+    """Every node the Values ``values`` are computed from (their own nodes included)."""
+    seen: set = set()
+    stack = [v.node for v in values]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(v.node for v in node.inputs)
+    return seen
+
+
 class Value(NamedTuple):
     """Output ``index`` of ``node``."""
 
