@@ -49,6 +49,7 @@ from torch._decomp import global_decomposition_table
 
 from xla_compat import write_checks
 from xla_compat.lazy import tracer
+from xla_compat.lowering.views import expanded
 from xla_compat.write_checks import OutOp, meta_twins as _twins, tensors as _tensors
 
 from . import writes_eager
@@ -214,7 +215,7 @@ def _copy_functionalize(keyset, self, src, non_blocking=False):
                                        (tuple(src.shape), src.stride(), src.storage_offset()))):
         raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by aten.copy_ on "
                            f"the functional path; nothing was written)")
-    if _is_functional(self) and any(s == 0 and n > 1 for n, s in zip(self.shape, self.stride())):
+    if _is_functional(self) and expanded(self.shape, self.stride()):
         # eager's internal-overlap check of the written tensor (an expanded view)
         raise RuntimeError(f"{write_checks._INTERNAL_OVERLAP}\n  (xla_compat: raised by "
                            f"aten.copy_ on the functional path; nothing was written)")

@@ -163,7 +163,7 @@ def _as_strided_read(value: Value, base_shape, size, stride, offset, gather):
 def _shares_memory(size, stride) -> bool:
     """Do two elements of this layout share memory, without it being expanded (eager raises
     before writing an expanded view)?"""
-    if lv.surely_distinct(size, stride) or any(n > 1 and s == 0 for n, s in zip(size, stride)):
+    if lv.surely_distinct(size, stride) or lv.expanded(size, stride):
         return False
     pos = lv.strided_index(size, stride, 0)
     return np.unique(pos).size < pos.size
@@ -206,7 +206,7 @@ def copy_walk(cls, dst, src):
     expanded): each element takes the last value eager's walk over (dst, src) writes there, so
     the write-back is right whatever order it writes in. None for any other ``dst``."""
     shape = tuple(dst.shape)
-    if any(n > 1 and s == 0 for n, s in zip(shape, dst.stride())):
+    if lv.expanded(shape, dst.stride()):
         return None
     if lv.surely_distinct(shape, dst.stride()):
         return None                        # (every ordinary copy_: no index set to build)

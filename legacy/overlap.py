@@ -39,7 +39,7 @@ def positions(t) -> np.ndarray | None:
     if (not isinstance(t, LegacyTensor) or views.injective(t._chain)
             or not all(step.keeps_elements for step in t._chain)):
         return None
-    if any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())):
+    if lv.expanded(t.shape, t.stride()):
         return None                        # expanded: eager's overlap check says yes
     if lv.surely_distinct(tuple(t.shape), t.stride()):
         return None

@@ -165,6 +165,12 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(out))
 
 
+def expanded(size, stride) -> bool:
+    """Does a dim of more than one element step 0 (eager's internal overlap "yes": writes
+    refused)?"""
+    return any(n > 1 and s == 0 for n, s in zip(size, stride))
+
+
 def surely_distinct(size, stride) -> bool:
     """A quick sufficient test that no two elements of a strided layout share a storage
     position: taken by increasing stride, each dim's stride passes the span of the dims before
