@@ -51,10 +51,8 @@ def _resized_slice_write_back(cls, func, args, kwargs):
         d, start, end, step = (list(args[2:]) + [0, None, None, 1][len(args) - 2:])[:4]
         d = d % max(base.dim(), 1)
         n = len(range(*slice(start, end, step).indices(base.shape[d])))
-        resized = tuple(src.shape) != tuple(base.shape[:d]) + (n,) + tuple(base.shape[d + 1:])
-        if len(_RESIZED) >= 4096:
-            _RESIZED.clear()
-        _RESIZED[key] = resized
+        resized = tracer.keep(_RESIZED, key, tuple(src.shape) != tuple(base.shape[:d]) + (n,)
+                              + tuple(base.shape[d + 1:]), 4096)
     return tracer.trace(cls, func, args, kwargs) if resized else NotImplemented
 
 

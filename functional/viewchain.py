@@ -119,11 +119,8 @@ _MEMO_LIMIT = 65536
 def box_of(shape: tuple, chain: tuple) -> Box:
     key = (shape, chain)
     box = _BOXES.get(key)
-    if box is None:
-        if len(_BOXES) >= _MEMO_LIMIT:
-            _BOXES.clear()
-        box = _BOXES[key] = compose(shape, chain)
-    return box
+    return box if box is not None else tracer.keep(_BOXES, key, compose(shape, chain),
+                                                   _MEMO_LIMIT)
 
 
 def read_value(root: Value, chain: tuple) -> Value:
@@ -135,9 +132,7 @@ def read_value(root: Value, chain: tuple) -> Value:
         box = box_of(root.aval.shape, chain)
         rule, aval = ViewRead(box), Aval(box.shape, root.aval.dtype)
         sig = ir.sig_id(("functional.view_read", rule, _SLOTS[0], (), (aval,)))
-        if len(_READS_OF) >= _MEMO_LIMIT:
-            _READS_OF.clear()
-        made = _READS_OF[key] = (rule, aval, sig)
+        made = tracer.keep(_READS_OF, key, (rule, aval, sig), _MEMO_LIMIT)
     v = _node("functional.view_read", made[0], (root,), made[1], made[2])
     v.node.note = (_READ, root, chain)
     return v
@@ -149,9 +144,7 @@ def write_value(root: Value, src: Value, box: Box) -> Value:
     if made is None:
         rule = WriteThrough(box)
         sig = ir.sig_id(("functional.write_through", rule, _SLOTS[1], (), (root.aval,)))
-        if len(_WRITES_OF) >= _MEMO_LIMIT:
-            _WRITES_OF.clear()
-        made = _WRITES_OF[key] = (rule, sig)
+        made = tracer.keep(_WRITES_OF, key, (rule, sig), _MEMO_LIMIT)
     v = _node("functional.write_through", made[0], (root, src), root.aval, made[1])
     v.node.note = (_WRITE, root, src, box)
     return v
@@ -225,9 +218,7 @@ def trace(cls, func, args, kwargs):
     if info is None:
         info = _info(func, x, args, kwargs)     # raises eager's error where eager would
         if key is not None:
-            if len(_INFO) >= _MEMO_LIMIT:
-                _INFO.clear()
-            _INFO[key] = info
+            tracer.keep(_INFO, key, info, _MEMO_LIMIT)
     if info.step is None:
         return NotImplemented
     with lock:

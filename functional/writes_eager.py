@@ -125,10 +125,7 @@ def _copy(cls, func, args, kwargs):
         key = (dst._geo or tracer._geometry_of(dst), src._geo or tracer._geometry_of(src))
         facts = _COPY_FACTS.get(key)
         if facts is None:
-            facts = _copy_facts(dst, src)
-            if len(_COPY_FACTS) >= 4096:
-                _COPY_FACTS.clear()
-            _COPY_FACTS[key] = facts
+            facts = tracer.keep(_COPY_FACTS, key, _copy_facts(dst, src), 4096)
         partial, overlapping = facts
         if partial and _root(dst._value) is _root(src._value):
             raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by aten.copy_ "

@@ -178,9 +178,7 @@ def result_dtypes(spec: OutOp, args, kwargs) -> Optional[tuple]:
         return None
     dtypes = tuple(t.dtype for t in tensors(out, []))
     if key is not None:
-        if len(_DTYPES) >= CACHE_LIMIT:
-            _DTYPES.clear()
-        _DTYPES[key] = dtypes
+        tracer.keep(_DTYPES, key, dtypes, CACHE_LIMIT)
     return dtypes
 
 
@@ -238,9 +236,7 @@ def _dry_run(spec: OutOp, args, kwargs, outs, inputs, results, storages: Storage
             raise type(e)(f"{message}\n  (xla_compat: {spec.op} on the {storages.path} path "
                           f"checked its out= write as eager does; nothing was written)") from None
     if key is not None:
-        if len(_PASSED) >= CACHE_LIMIT:
-            _PASSED.clear()
-        _PASSED[key] = True
+        tracer.keep(_PASSED, key, True, CACHE_LIMIT)
 
 
 def storage_layout(flat, storages: Storages) -> tuple:

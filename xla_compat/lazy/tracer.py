@@ -359,9 +359,7 @@ def meta(func, args, kwargs):
     after = {i: _desc(memo[id(t)]) for i, t in enumerate(flat) if id(t) in memo}
     result = (_desc(out), after)
     if key is not None:
-        if len(_META_CACHE) >= _META_CACHE_LIMIT:
-            _META_CACHE.clear()
-        _META_CACHE[key] = result
+        keep(_META_CACHE, key, result, _META_CACHE_LIMIT)
     return result
 
 
@@ -529,6 +527,15 @@ class Plan:
         self.geos = tuple((tuple(m.shape), tuple(m.stride), m.dtype, m.offset) for m in outs)
 
 
+def keep(table: dict, key, value, limit: int):
+    """``table[key] = value`` in a memo bounded to ``limit`` entries (full: it starts over; the
+    memos hold what tracing a few shapes gives, so a loop refills them at once). ``value``."""
+    if len(table) >= limit:
+        table.clear()
+    table[key] = value
+    return value
+
+
 _TENSOR, _SCALAR = 1, 2         # plan argument kinds (0: static, already in the template)
 _PLANS: dict = {}
 _PLAN_LIMIT = 65536
@@ -575,10 +582,8 @@ def _remember_plan(cls, func, args, node: Node, meta_out) -> None:
         outs, single = tuple(meta_out), False
     else:
         return
-    if len(_PLANS) >= _PLAN_LIMIT:
-        _PLANS.clear()
-    _PLANS[key] = Plan(node.op, node.rule, node.args, tuple(kinds), node.avals, outs, single,
-                       node.sig_id(), cls.plans_ok(func))
+    keep(_PLANS, key, Plan(node.op, node.rule, node.args, tuple(kinds), node.avals, outs,
+                           single, node.sig_id(), cls.plans_ok(func)), _PLAN_LIMIT)
 
 
 # Other caches of what tracing an op gives (a path's own), dropped with the plans.
