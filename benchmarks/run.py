@@ -15,9 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-# torch's OpenMP threads spin at barriers by default; on a shared, loaded 2-core machine that
-# made eager steps of 0.25 ms take 70 ms. Passive waiting (read when torch loads) avoids it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's wait policy is left at libgomp's default (spin a while, then sleep). Forcing PASSIVE
+# (as the first version did, against a loaded machine's 70 ms outliers) made every small eager op
+# wake a sleeping thread: W1 eager 3.1 -> 30 us/op and W4 0.22 -> 0.33 ms, which flattered every
+# ratio against eager. Set OMP_WAIT_POLICY yourself to measure another policy; the report says
+# which one ran.
 
 from benchmarks import floor, report as rep, workloads  # noqa: E402
 from benchmarks.measure import VARIANTS, profile, run_workload  # noqa: E402
