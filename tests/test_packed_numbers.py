@@ -136,5 +136,37 @@ def test_new_number_objects_are_packed_anew():
     packed("x", jnp.asarray(1.5), b)
     assert calls[2][1] is not calls[1][1]
     assert [float(v) for v in calls[2][1]] == [1.5, 2.5]
-    packed("y", 3.0, 4.0)                              # Python numbers: packed each call
+    packed("y", 3.0, 4.0)                              # Python numbers: packed
     assert list(calls[3][1]) == [3.0, 4.0] and calls[3][0] == "y"
+    packed("z", 3.0, 4.0)                              # equal ones again: the same vector
+    assert calls[4][1] is calls[3][1] and calls[4][0] == "z"
+    packed("z", 3.0, 4.5)
+    assert list(calls[5][1]) == [3.0, 4.5]
+
+
+def test_a_loops_own_number_objects_are_packed_once_and_new_ones_are_not_mistaken(path, dev,
+                                                                                 monkeypatch):
+    # A traced loop passes the same numbers each step (its code's literals): their vectors are
+    # made once. -0.0 after 0.0 (equal, different sign) is packed anew: 1 / -0.0 is -inf.
+    x = torch.tensor([1.0, -2.0, 3.0])
+    d = x.to(dev)
+    made = []
+    real = packed_numbers.host_params
+    monkeypatch.setattr(packed_numbers, "host_params",
+                        lambda params, plan: made.append(1) or real(params, plan))
+    half, quarter = 0.5, 0.25
+
+    def step(zero):
+        y = (d * half - quarter) / (d * 0 + zero)    # 1 / -0.0 is -inf
+        xc.sync()
+        return y
+    assert_same(step(0.0), (x * half - quarter) / (x * 0 + 0.0))
+    first = len(made)          # compiling packs once, and so does the first run
+    for _ in range(3):
+        assert_same(step(0.0), (x * half - quarter) / (x * 0 + 0.0))
+    assert len(made) == first
+    neg = float("-0.0")
+    assert_same(step(neg), (x * half - quarter) / (x * 0 + neg))
+    assert len(made) == first + 1
+    assert_same(step(0.0), (x * half - quarter) / (x * 0 + 0.0))
+    assert len(made) == first + 2

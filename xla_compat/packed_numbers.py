@@ -12,6 +12,8 @@ makes of a Python number, so every rule sees what it saw before and the program 
 """
 from __future__ import annotations
 
+import operator
+
 import jax
 import numpy as np
 from jax._src.lax.lax import _convert_element_type
@@ -20,6 +22,7 @@ from jax._src.lax.lax import _convert_element_type
 # are not weakly typed in jax.
 _KINDS = {float: (np.float64, True), int: (np.int64, True), bool: (np.bool_, False),
           complex: (np.complex128, True)}
+_NUMBER_TYPES = frozenset(_KINDS)
 MIN_NUMBERS = 2          # one number gains nothing from a vector
 
 
@@ -72,29 +75,52 @@ def host_params(params: list, plan) -> list:
 class Packed:
     """An executable compiled for packed numbers, called with one parameter per graph leaf.
 
-    The same number objects as the last call (a captured step replays its recorded numbers,
-    held as device scalars) reuse that call's vectors: no conversion, no transfer."""
+    The same numbers as the last call reuse that call's vectors, already on the device: no
+    conversion, no transfer. A traced loop passes the same values each step (its code's literals,
+    a learning rate), a captured step the same objects (its recorded numbers, held as device
+    scalars). Same means the same objects, or equal Python numbers that also have the same
+    ``repr`` where equality hides a difference (``0.0 == -0.0``, yet ``1 / -0.0`` is ``-inf``).
+    Device scalars are never compared by value: that would read them back to the host."""
 
-    __slots__ = ("executable", "plan", "xla_compat_compile_ns", "_numbers", "_vectors")
+    __slots__ = ("executable", "plan", "xla_compat_compile_ns", "_last", "_arrays", "_numbers",
+                 "_complex")
 
     def __init__(self, executable, plan):
         self.executable, self.plan = executable, plan
         self.xla_compat_compile_ns = None
-        self._numbers = self._vectors = None
+        self._last = None         # (numbers, their device vectors): one attribute, one store
+        arrays, groups = plan
+        self._arrays = _picker(arrays)
+        self._numbers = _picker(tuple(i for positions, _, _ in groups for i in positions))
+        self._complex = any(dtype == np.complex128 for _, dtype, _ in groups)
 
     def __call__(self, *params):
-        arrays, groups = self.plan
-        numbers = [params[i] for positions, _, _ in groups for i in positions]
-        last = self._numbers
-        if last is None or len(last) != len(numbers) or any(
-                a is not b for a, b in zip(last, numbers)):
-            vectors = host_params(params, self.plan)[len(arrays):]
-            if not all(type(n) in _KINDS for n in numbers):   # device scalars: keep them there
-                vectors = [jax.device_put(v) for v in vectors]
-                self._numbers, self._vectors = numbers, vectors
+        numbers = self._numbers(params)
+        last = self._last
+        if last is None or not (all(map(operator.is_, last[0], numbers)) or (
+                _NUMBER_TYPES.issuperset(map(type, numbers)) and last[0] == numbers
+                and not ((self._complex or 0.0 in numbers) and not _exactly(last[0], numbers)))):
+            vectors = [jax.device_put(v)
+                       for v in host_params(params, self.plan)[len(self.plan[0]):]]
+            self._last = (numbers, vectors)
         else:
-            vectors = self._vectors
-        return self.executable(*[params[i] for i in arrays], *vectors)
+            vectors = last[1]
+        return self.executable(*self._arrays(params), *vectors)
 
     def __getattr__(self, name):          # as_text, memory_analysis, cost_analysis, ...
         return getattr(self.executable, name)
+
+
+def _picker(positions: tuple):
+    """``params -> tuple(params[i] for i in positions)``, in C."""
+    if not positions:
+        return lambda params: ()
+    get = operator.itemgetter(*positions)
+    if len(positions) == 1:
+        return lambda params: (get(params),)
+    return get
+
+
+def _exactly(a: tuple, b: tuple) -> bool:
+    """Equal numbers that are also the same bits where equality hides it (signed zeros)."""
+    return all(x is y or repr(x) == repr(y) for x, y in zip(a, b))
