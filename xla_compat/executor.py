@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import operator
 import threading
 import time
 import weakref
@@ -82,32 +83,29 @@ def collect(roots: list[Value], donatable=frozenset(), predecessor=None) -> Grap
     nodes: list[Node] = []
     seen: set = set()
     stack = [v.node for v in roots]
+    pop, push, add, keep = stack.pop, stack.append, seen.add, nodes.append
     while stack:
-        node = stack.pop()
+        node = pop()
         if node in seen:
             continue
-        seen.add(node)
-        if node.rule is None:
-            continue
-        nodes.append(node)
-        for v in node.inputs:
-            if v.node not in seen:
-                stack.append(v.node)
+        add(node)
+        if node.rule is not None:
+            keep(node)
+            for v in node.inputs:
+                push(v[0])
     nodes.sort(key=_creation)
-    slot: dict = {}               # node -> ~parameter index (leaves) or env index (nodes)
-    for i, node in enumerate(nodes):
-        slot[node] = i
+    # node -> ~parameter index (leaves) or env index (nodes)
+    slot: dict = dict(zip(nodes, range(len(nodes))))
     leaves: list[Node] = []
     body: list = []
+    put = body.append
     for node in nodes:
         s = node.sig
-        body.append(s if s is not None else node.sig_id())
-        for v in node.inputs:
-            where = slot.get(v.node)
-            if where is None:
-                where = _add_leaf(v.node, slot, leaves)
-            body.append(where)
-            body.append(v.index)
+        put(s if s is not None else node.sig_id())
+        for n, index in node.inputs:
+            where = slot.get(n)
+            put(where if where is not None else _add_leaf(n, slot, leaves))
+            put(index)
     for v in roots:
         if v.node not in slot:
             _add_leaf(v.node, slot, leaves)
@@ -144,8 +142,7 @@ def collect(roots: list[Value], donatable=frozenset(), predecessor=None) -> Grap
     return Graph(nodes, leaves, list(roots), slot, tuple(donate), tuple(parts), mesh)
 
 
-def _creation(node: Node) -> int:
-    return node.id
+_creation = operator.attrgetter("id")
 
 
 def _add_leaf(node: Node, slot: dict, leaves: list) -> int:
