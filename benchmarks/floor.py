@@ -10,6 +10,7 @@ sees), it gives the fastest any such tracer could run the step, against torch ea
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import torch
@@ -62,20 +63,92 @@ def aten_ops_per_step(workload) -> int:
     return counter.n
 
 
+def python_dispatches_per_step(workload, path: str) -> int:
+    """``__torch_dispatch__`` calls one lazily traced step of ``workload`` makes on ``path``
+    (after a warm-up step): the ops that cross into Python. Functionalization dispatches more
+    than eager's ATen ops (it regenerates views and writes them back), legacy about as many."""
+    import xla_compat as xc
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "__torch_dispatch__":
+            calls[0] += 1
+    with xc.use_path(path):
+        program = workload.torch_program(xc.device())
+        program.step()
+        xc.sync()
+        xc.wait_device_ops()
+        sys.setprofile(count)
+        try:
+            program.step()
+        finally:
+            sys.setprofile(None)
+        xc.sync()
+        xc.wait_device_ops()
+    return calls[0]
+
+
+def traced_parts(workload, path: str, steps: int = 30, warmup: int = 5) -> tuple:
+    """Medians, in the workload's unit, of a lazily traced step's three parts on ``path``:
+    tracing the step, ``xc.sync()`` (collecting the graph, the cache lookup, dispatching the
+    executable) and ``xc.wait_device_ops()`` (the rest of the execution)."""
+    import xla_compat as xc
+    parts: list = [[], [], []]
+    with xc.use_path(path):
+        program = workload.torch_program(xc.device())
+        xc.sync()
+        xc.wait_device_ops()
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            program.step()
+            t1 = time.perf_counter()
+            xc.sync()
+            t2 = time.perf_counter()
+            xc.wait_device_ops()
+            t3 = time.perf_counter()
+            if i >= warmup:
+                for part, seconds in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
+                    part.append(seconds)
+    return tuple(workload.per_step(statistics.median(p)) for p in parts)
+
+
+PATHS = ("legacy", "functional")
+
+
 def table(workloads, eager_medians: dict) -> str:
-    """Markdown: per workload, its ATen ops per step, the floor per step and eager's median."""
+    """Markdown: per workload, its ATen ops per step (eager), the Python dispatches a traced
+    step makes on each path, the floor per step for each and eager's median; then where a traced
+    step's time goes on each path."""
     floor = dispatch_floor_us()
-    rows = ["| workload | ATen ops per step | dispatch floor per step | torch eager | "
-            "floor / eager |", "|---|---|---|---|---|"]
+    rows = ["| workload | ATen ops per step (eager) | Python dispatches, legacy | functional | "
+            "dispatch floor per step: eager's ops | legacy's | functional's | torch eager | "
+            "floor (eager's ops) / eager |", "|---|---|---|---|---|---|---|---|---|"]
+    split = ["| workload | path | tracing | `sync()` | `wait_device_ops()` | total | "
+             "dispatch floor of its dispatches |", "|---|---|---|---|---|---|---|"]
     for w in workloads:
         n = aten_ops_per_step(w)
-        per_step = w.per_step(n * floor * 1e-6)
+        counts = {p: python_dispatches_per_step(w, p) for p in PATHS}
+        floors = [w.per_step(k * floor * 1e-6) for k in (n, *counts.values())]
         eager = eager_medians.get(w.name)
-        cells = ([f"{eager:.3g} {w.unit}", f"{per_step / eager:.2f}x"] if eager else ["–", "–"])
-        rows.append(f"| {w.name} | {n} | {per_step:.3g} {w.unit} | " + " | ".join(cells) + " |")
+        cells = ([f"{eager:.3g} {w.unit}", f"{floors[0] / eager:.2f}x"] if eager else ["–", "–"])
+        rows.append(f"| {w.name} | {n} | {counts['legacy']} | {counts['functional']} | "
+                    + " | ".join(f"{f:.3g} {w.unit}" for f in floors) + " | "
+                    + " | ".join(cells) + " |")
+        for p in PATHS:
+            trace, sync, wait = traced_parts(w, p)
+            split.append(f"| {w.name} | {p} | {trace:.3g} | {sync:.3g} | {wait:.3g} | "
+                         f"{trace + sync + wait:.3g} {w.unit} | "
+                         f"{w.per_step(counts[p] * floor * 1e-6):.3g} {w.unit} |")
     head = (f"Python dispatch floor, measured in this run: {floor:.2f} us per op (`a + b` on a "
             f"wrapper subclass whose `__torch_dispatch__` only makes its output wrapper). Times "
-            f"the ATen ops a step dispatches (counted on eager), it is the fastest any tracer "
-            f"that sees ops through Python dispatch could run the step, before building any IR, "
-            f"syncing or executing.")
-    return head + "\n\n" + "\n".join(rows)
+            f"the ops a step dispatches to Python, it is the fastest any tracer that sees ops "
+            f"through Python dispatch could run the step, before building any IR, syncing or "
+            f"executing. Eager's ATen ops are counted with a dispatch mode on CPU; each path's "
+            f"Python dispatches by counting `__torch_dispatch__` calls in one traced step "
+            f"(functionalization regenerates views and writes them back through more ops).")
+    tail = ("Where a lazily traced step's time goes (medians of 30 steps after 5, measured "
+            "after the main table, in each workload's unit): tracing the step's ops, `sync()` "
+            "(graph collection, cache lookup, dispatching the executable; on the CPU client part "
+            "of the execution runs inside the call) and `wait_device_ops()` (the rest of the "
+            "execution).")
+    return head + "\n\n" + "\n".join(rows) + "\n\n" + tail + "\n\n" + "\n".join(split)

@@ -133,5 +133,11 @@ def test_the_dispatch_floor_table_counts_each_workloads_aten_ops():
     # select, copy_ (Python's ``v[..., t] += 0.5``); then the sum
     assert floor.aten_ops_per_step(w4) == 8 * w4.positions + 1
     assert 0 < floor.dispatch_floor_us(ops=200, rounds=1) < 1000
+    # legacy dispatches eager's ops; functionalization adds view regenerations and write-backs
+    assert floor.python_dispatches_per_step(w4, "legacy") == 8 * w4.positions + 1
+    assert floor.python_dispatches_per_step(w4, "functional") > 8 * w4.positions + 1
+    trace, sync, wait = floor.traced_parts(w4, "functional", steps=2, warmup=1)
+    assert trace > 0 and sync > 0 and wait >= 0
     text = floor.table([w4], {"W4": 1.0})
-    assert "| W4 | " in text and "floor / eager" in text
+    assert "| W4 | " in text and "floor (eager's ops) / eager" in text
+    assert "| W4 | legacy | " in text and "| W4 | functional | " in text
