@@ -12,6 +12,7 @@ from xla_compat import executor, paths
 from xla_compat.lazy.ir import reaches, skip_frames_in
 
 from . import alias as _alias
+from . import fast as _fast  # noqa: F401  (the path's trace plans; imports ops)
 from .alias import Alias
 from .tensor import LegacyTensor, legacy_tensors
 from .views import ViewStep

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from xla_compat import metrics, sharding
 from xla_compat.lazy.ir import Aval, DeviceData, Node, Poisoned, Slot, Value
 from xla_compat.lazy.weakreg import WeakRegistry
@@ -24,13 +26,14 @@ _aliases = WeakRegistry()
 class Alias:
     """One storage: the base value, writes pending on it, and a generation counter."""
 
-    __slots__ = ("base", "pending", "gen", "root", "sharding", "last", "__weakref__")
+    __slots__ = ("base", "pending", "gen", "root", "nbytes", "sharding", "last", "__weakref__")
 
     def __init__(self, base: Value, root: Layout):
         self.base = base
         self.pending: list = []
         self.gen = 0
         self.root = root          # the root tensor's layout over the storage (for as_strided)
+        self.nbytes = root.storage_size * np.dtype(base.aval.dtype).itemsize   # as eager allocated
         self.sharding = None      # SPMD: the storage's layout over a mesh (xc.mark_sharding)
         self.last = base if type(base.node) is DeviceData else None   # last materialised base
         _aliases.add(next(_serial), self)
@@ -87,6 +90,9 @@ class Alias:
         """A member reached through ``chain`` now holds ``value``; returns the new generation."""
         if chain and not self.pending and self._just_written(chain) == value:
             return self.gen               # writing back what is there (``v += 1`` then ``x[i] = v``)
+        if (self.pending and self.pending[-1][1] == value and self.pending[-1][0] == chain
+                and views.injective(chain)):
+            return self.gen               # the same, before the last write was folded in
         if not chain:                      # the whole storage is overwritten
             self.pending.clear()
             self.base = value

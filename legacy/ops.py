@@ -9,6 +9,7 @@ tensor's own chain. Every other op goes to the core tracer, which reads inputs t
 from __future__ import annotations
 
 import functools
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -20,6 +21,7 @@ from xla_compat.lazy import tracer
 from xla_compat.lazy.tensor import lock
 
 from . import overlap, views
+from . import tensor as _tensor_module
 from .tensor import _UNREAD, LegacyTensor
 from .views import (AsStrided, Bitcast, Diagonal, Expand, Layout, Permute, Reshape, Select,
                     Slice, Unfold, ViewAsComplex, ViewAsReal)
@@ -94,9 +96,7 @@ def _dim(d: int, ndim: int) -> int:
 
 def storage_elements(t: LegacyTensor) -> int:
     """Size of ``t``'s storage counted in ``t``'s own elements (as eager allocated it)."""
-    alias = t._alias
-    nbytes = alias.root.storage_size * np.dtype(alias.base.aval.dtype).itemsize
-    return -(-nbytes // t.element_size())
+    return -(-t._alias.nbytes // t.element_size())
 
 
 def meta_of(t: LegacyTensor) -> torch.Tensor:
@@ -548,3 +548,6 @@ def _fresh(shape, dtype) -> LegacyTensor:
     aval = Aval(tuple(int(s) for s in shape), _jax.to_jax_dtype(dtype))
     return LegacyTensor(Value(Node("empty", _EmptyRule(aval), (), (), (), (aval,)), 0), aval.shape,
                         dtype)
+
+
+_tensor_module.bind_ops(sys.modules[__name__])

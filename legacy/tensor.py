@@ -14,7 +14,8 @@ import torch
 
 from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
-from xla_compat.lazy.ir import Node, Value
+from xla_compat import _jax
+from xla_compat.lazy.ir import Aval, Node, Value
 from xla_compat.lazy.tensor import LazyTensor, lock
 from xla_compat.lazy.weakreg import WeakRegistry
 
@@ -55,13 +56,16 @@ class LegacyTensor(LazyTensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if not kwargs:
-            out = tracer.replay(cls, func, args)     # an op traced before with this geometry
+            planned = _plans(func)                   # the path's own plans (legacy/fast.py)
+            if planned is None:
+                out = tracer.replay(cls, func, args)  # an op traced before with this geometry
+            else:
+                out = planned(func, args)
             if out is not None:
                 return out
-        from . import ops
         if len(types) > 1:
             tracer.check_paths(types, func)
-        return ops.dispatch(func, args, kwargs or {})
+        return _ops.dispatch(func, args, kwargs or {})
 
     @classmethod
     def plans_ok(cls, func) -> bool:
@@ -85,8 +89,6 @@ class LegacyTensor(LazyTensor):
         self._v = value
 
     def _refresh(self) -> None:
-        from xla_compat import _jax
-        from xla_compat.lazy.ir import Aval
         aval = Aval(tuple(self.shape), _jax.to_jax_dtype(self.dtype))
         with lock:
             self._v = self._alias.read(self._chain, aval)
@@ -131,3 +133,19 @@ class LegacyTensor(LazyTensor):
 
 def legacy_tensors() -> list:
     return _tensors.values()
+
+
+_ops = None       # legacy.ops and legacy.fast.handler, set when those modules are imported
+_plans = None
+
+
+def bind_ops(module) -> None:
+    global _ops
+    _ops = module
+
+
+def bind_plans(handler) -> None:
+    """``handler(func)``: the path's plan handler for an op (``fast.view``/``fast.write``) or
+    None (the tracer's own plans may replay it)."""
+    global _plans
+    _plans = handler

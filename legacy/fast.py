@@ -1,0 +1,283 @@
+"""Trace plans for the legacy path's own ops: views, in-place ops and ``copy_`` (a decode loop's
+writes into a KV cache), replayed without the full handlers of ``ops.py`` and the tracer.
+
+A plan is keyed by everything that decides what the full path does and which of eager's checks
+it raises: the op, each tensor argument's geometry (sizes, strides, dtype, offset), which tensor
+arguments share the written tensor's storage, the size of that storage, whether the written
+view's chain is injective, and the static arguments. A plan is recorded only after the full path
+ran with that key, passed every check and took its plain route (no overlap walk, no dtype
+conversion, no resize); a key never seen, or one whose full path took another route, takes the
+full path again. ``handler(func)`` says which ops have a plan handler here.
+"""
+from __future__ import annotations
+
+import torch
+
+from xla_compat import _jax, metrics, settings
+from xla_compat.lazy import ir, tracer
+from xla_compat.lazy.ir import Node, ScalarParam, Slot, Value
+from xla_compat.lazy.tensor import lock
+from xla_compat.lowering import registry
+
+from . import ops, views
+from . import tensor as _tensor
+from .tensor import _UNREAD, LegacyTensor
+
+aten = torch.ops.aten
+
+_LIMIT = 65536
+# key -> (VMeta, chain suffix, True) or (VMetas, chain suffixes, False) for multi-output views
+_VIEW_PLANS: dict = {}
+_WRITE_PLANS: dict = {}   # key -> _WritePlan, or _COPY for a copy_ that binds its source
+_COPY = object()
+tracer.plan_memos.extend([_VIEW_PLANS, _WRITE_PLANS])
+
+_NUMBER = (int, float, bool)
+_TENSOR, _SCALAR = 1, 2   # write-plan argument kinds (0: static, already in the template)
+
+
+def _geo(x) -> tuple:
+    g = x._geo
+    if g is None or tracer.CHECK_GEOMETRY:
+        g = tracer._geometry_of(x)
+    return g
+
+
+def _static(x, parts: list) -> bool:
+    """Append a static argument's key; False for one a plan cannot hold."""
+    tx = type(x)
+    if tx in _NUMBER:
+        parts.append((tx, x))
+    elif x is None or tx is torch.dtype:
+        parts.append(x)
+    elif (tx is list or tx is tuple) and all(type(e) is int for e in x):
+        parts.append((tx, tuple(x)))
+    else:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# Views: the metadata the meta kernel gave and the steps the handler appended to the chain.
+
+def view(func, args):
+    """``func(*args)`` (a view op) from its plan; None where the full path must run."""
+    x = args[0]
+    if type(x) is not LegacyTensor:
+        return None
+    parts = [id(func), _geo(x), x._alias.nbytes]
+    for a in args[1:]:
+        if not _static(a, parts):
+            return None
+    key = tuple(parts)
+    plan = _VIEW_PLANS.get(key)
+    if plan is None:
+        with lock:
+            out = ops.make_view(func, ops.VIEWS[func], args, {})
+        _remember_view(key, x, out)
+        return out
+    alias, chain = x._alias, x._chain
+    if plan[2]:
+        return _member(alias, chain + plan[1], plan[0])
+    return [_member(alias, chain + s, m) for m, s in zip(plan[0], plan[1])]
+
+
+def _member(alias, chain, m) -> LegacyTensor:
+    t = LegacyTensor(_UNREAD, m.shape, m.dtype, m.stride, m.offset, alias=alias, chain=chain)
+    t._geo = (m.shape, m.stride, m.dtype, m.offset)   # (a plan key's geometry, _geometry_of)
+    return t
+
+
+def _suffix(x, t):
+    n = len(x._chain)
+    return t._chain[n:] if t._alias is x._alias and t._chain[:n] == x._chain else None
+
+
+def _remember_view(key, x, out) -> None:
+    if isinstance(out, LegacyTensor):
+        s = _suffix(x, out)
+        if s is not None:
+            tracer.keep(_VIEW_PLANS, key, (_vmeta(out), s, True), _LIMIT)
+        return
+    if not isinstance(out, (list, tuple)):
+        return
+    suffixes = tuple(_suffix(x, t) for t in out)
+    if any(s is None for s in suffixes):
+        return
+    tracer.keep(_VIEW_PLANS, key, (tuple(_vmeta(t) for t in out), suffixes, False), _LIMIT)
+
+
+def _vmeta(t) -> "ops.VMeta":
+    return ops.VMeta(tuple(t.shape), t.dtype, tuple(t.stride()), t.storage_offset())
+
+
+# ----------------------------------------------------------------------------------------------
+# Writes: an in-place op's node, or a copy_ that makes the source's value the view's.
+
+class _WritePlan:
+    """The node the full path built for one in-place op and key, to be built again."""
+
+    __slots__ = ("op", "rule", "args", "kinds", "avals", "sig")
+
+    def __init__(self, node: Node, kinds: tuple):
+        self.op, self.rule, self.args, self.kinds = node.op, node.rule, node.args, kinds
+        self.avals, self.sig = node.avals, node.sig_id()
+
+
+def _write_key(func, dst, args):
+    """The key of a write into ``dst`` = ``args[0]``, or None where no plan may hold it."""
+    alias = dst._alias
+    if alias.sharding is not None:
+        return None
+    parts = [id(func), views.injective(dst._chain), bool(dst._chain), alias.nbytes]
+    for i, a in enumerate(args):
+        if type(a) is LegacyTensor:
+            # (its geometry; is it the written tensor, or another view of its storage?)
+            parts.append((_geo(a), 2 if a is dst else a._alias is alias))
+        elif not _static(a, parts):
+            return None
+    return tuple(parts)
+
+
+def write(func, args):
+    """``func(*args)`` (an in-place op or copy_ writing ``args[0]``) from its plan; None where
+    the full path must run (it runs here on a plan's first sight, and records the plan)."""
+    dst = args[0]
+    if type(dst) is not LegacyTensor:
+        return None
+    key = _write_key(func, dst, args)
+    if key is None:
+        return None
+    plan = _WRITE_PLANS.get(key)
+    if plan is _COPY:
+        with lock:
+            return _bind_source(dst, args[1])
+    if plan is not None:
+        return _replay_write(plan, dst, args)
+    if func is aten.copy_.default:
+        return _first_copy(key, dst, args)
+    return _first_write(key, func, dst, args)
+
+
+def _replay_write(plan: _WritePlan, dst, args):
+    with lock:
+        inputs = []
+        for kind, x in zip(plan.kinds, args):
+            if kind == _TENSOR:
+                v = x._value
+                if type(v.node) is ir.Poisoned:
+                    raise v.node.error
+                inputs.append(v)
+            elif kind == _SCALAR:
+                inputs.append(Value(ScalarParam(x), 0))
+        node = Node(plan.op, plan.rule, plan.args, (), tuple(inputs), plan.avals,
+                    ir.user_frame() if settings.get().ir_debug else None, plan.sig)
+        metrics.bump("IrNodes")           # (the tracer lock is held)
+        dst._value = Value(node, 0)
+    return dst
+
+
+def _first_copy(key, dst, args):
+    """copy_ into a view from a tensor of the view's shape and dtype: the full path's checks
+    (overlap, then the meta kernel's), then the view takes the source's value itself (what the
+    copy node computes) -- the same graph the plan builds later, so a loop compiles once."""
+    src = args[1]
+    if (type(src) is not LegacyTensor or src is dst or not dst._chain or not key[1]):
+        return None
+    g, h = _geo(dst), _geo(src)
+    if g[0] != h[0] or g[2] != h[2]:
+        return None
+    with lock:
+        ops.check_overlapping_write(aten.copy_.default, args, {})
+        tracer.run_meta(aten.copy_.default, args, {})
+        tracer.keep(_WRITE_PLANS, key, _COPY, _LIMIT)
+        return _bind_source(dst, src)
+
+
+def _bind_source(dst, src):
+    v = src._value
+    if type(v.node) is ir.Poisoned:
+        raise v.node.error
+    dst._value = v
+    return dst
+
+
+def _first_write(key, func, dst, args):
+    """An in-place op through the full path; its plan is recorded where that path built one
+    node of the op (or its functional variant) on these arguments and rebound ``dst`` to it."""
+    with lock:
+        before = [a._value if type(a) is LegacyTensor else None for a in args]
+        out = ops.dispatch(func, args, {})
+        if out is dst and key[1] and dst._gen == dst._alias.gen:
+            kinds = _kinds(func, dst, args, before)
+            if kinds is not None:
+                tracer.keep(_WRITE_PLANS, key, _WritePlan(dst._v.node, kinds), _LIMIT)
+    return out
+
+
+def _kinds(func, dst, args, before):
+    """Each argument's place in the node ``dst`` now holds (tensor, lifted number or static),
+    or None where that node is not the plain out-of-place op on ``args``."""
+    v = dst._v
+    node = v.node
+    names, fresh, functional = tracer.mutation_info(func)
+    rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
+    if (v.index != 0 or node.rule is None or node.rule is not rule or rule.random
+            or node.kwargs or len(node.avals) != 1 or len(node.args) != len(args)
+            or node.avals[0] != ir.Aval(tuple(dst.shape), _jax.to_jax_dtype(dst.dtype))):
+        return None
+    kinds = []
+    for x, t, b in zip(args, node.args, before):
+        if type(t) is Slot:
+            got = node.inputs[t.k]
+            if b is not None and got is b:
+                kinds.append(_TENSOR)
+            elif type(x) in _NUMBER and type(got.node) is ScalarParam and got.node.value == x:
+                kinds.append(_SCALAR)
+            else:
+                return None
+        elif isinstance(t, torch.Tensor) or _holds_slot(t) or t != x:
+            return None
+        else:
+            kinds.append(0)
+    return tuple(kinds)
+
+
+def _holds_slot(t) -> bool:
+    return type(t) is tuple and any(type(e) is Slot or _holds_slot(e) for e in t)
+
+
+# ----------------------------------------------------------------------------------------------
+# Which ops have a plan handler here (decided once per op).
+
+_HANDLERS: dict = {}
+
+
+def handler(func):
+    """``view`` or ``write`` for an op this module plans, else None (cached per op)."""
+    h = _HANDLERS.get(id(func), False)
+    if h is False:
+        h = _HANDLERS[id(func)] = _classify(func)
+    return h
+
+
+def _classify(func):
+    if func in ops.VIEWS:
+        return None if func is aten.as_strided.default else view
+    if func is aten.copy_.default:
+        return write
+    schema = func._schema
+    if (not schema.is_mutable or func in ops.RESTRIDES or func in tracer._SPECIAL
+            or func is aten.index_put_.default or len(schema.returns) != 1):
+        return None
+    names, fresh, functional = tracer.mutation_info(func)
+    if names != ("self",) or fresh or schema.arguments[0].name != "self":
+        return None
+    r = schema.returns[0]
+    if r.alias_info is None or not r.alias_info.is_write:
+        return None
+    rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
+    return write if rule is not None and not rule.random else None
+
+
+_tensor.bind_plans(handler)
