@@ -58,6 +58,9 @@ def _resized_slice_write_back(cls, func, args, kwargs):
 
 # (base shape, src shape, arguments) -> is it a resized write-back? (every slice_scatter asks)
 _RESIZED: dict = {}
+# It declines on shapes and arguments alone, which a plan key holds: viewchain may replay a
+# slice_scatter it traced before this handler runs (inner.FunctionalInner.__torch_dispatch__).
+_resized_slice_write_back.plan_safe = True
 
 
 _lib = None

@@ -36,11 +36,19 @@ class FunctionalInner(LazyTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if (not kwargs and getattr(_state, "pending", None) is None
-                and id(func) not in viewchain.OP_IDS):   # (those have their own memo)
-            out = tracer.replay(cls, func, args)     # an op traced before with this geometry
-            if out is not None:
-                return out
+        if not kwargs:
+            if id(func) in viewchain.OP_IDS:     # view copies and scatters: their own memo
+                ok = _VIEW_REPLAY.get(func)
+                if ok is None:
+                    ok = _view_replay_ok(func)
+                if ok:
+                    out = viewchain.replay(cls, func, args)
+                    if out is not None:
+                        return out
+            elif getattr(_state, "pending", None) is None:
+                out = tracer.replay(cls, func, args)     # an op traced before with this geometry
+                if out is not None:
+                    return out
         kwargs = kwargs or {}
         if len(types) > 1:
             tracer.check_paths(types, func)
@@ -82,11 +90,22 @@ class FunctionalInner(LazyTensor):
 
 
 _PLAIN: dict = {}
+# view copy or scatter -> may viewchain.replay serve it before this path's handlers?
+_VIEW_REPLAY: dict = {}
+
+
+def _view_replay_ok(func) -> bool:
+    """Only where no handler, or one that declines on what a plan key holds (``plan_safe``),
+    comes before viewchain: a key viewchain traced once, the handler declined."""
+    handler = _HANDLERS.get(func)
+    ok = _VIEW_REPLAY[func] = handler is None or getattr(handler, "plan_safe", False)
+    return ok
 
 
 def forget_plans() -> None:
     """The handlers changed: decide again which ops plans may replay."""
     _PLAIN.clear()
+    _VIEW_REPLAY.clear()
     tracer.forget_plans()
 
 

@@ -77,24 +77,100 @@ class Relayout:
 
 
 # What a node of this module is, kept in its ``note`` (it dies with the node): a read is
-# (_READ, root, chain), a write (_WRITE, root, src, box). Both name only the node's inputs.
+# (_READ, root, chain), a write (_WRITE, root, src, chain), ``chain`` a ``Chain`` of the root.
+# Both name only the node's inputs.
 _READ, _WRITE = "functional.viewchain.read", "functional.viewchain.write"
 
 
+class Chain:
+    """Steps of views from a root of one ``aval``, interned (one object per aval and steps), with
+    what a loop asks of it again and again computed once: its ``box`` (interned too, so equal
+    boxes are one object), the node reading it, the node writing through it, and the chain each
+    later view copy or scatter leads to (``after``, keyed by the op's ``_Info``)."""
+
+    __slots__ = ("aval", "steps", "box", "parent", "after", "_read", "_write", "relayouts")
+
+    def __init__(self, aval: Aval, steps: tuple, parent):
+        self.aval, self.steps, self.parent = aval, steps, parent
+        self.box = _interned_box(compose(aval.shape, steps))
+        self.after = {}           # _Info -> (chain or None for the root itself)
+        self._read = self._write = None
+        self.relayouts = {}       # the chain a write went through -> (rule, aval, sig)
+
+    def read(self) -> tuple:
+        """(rule, aval, sig) of the node reading this chain from its root."""
+        made = self._read
+        if made is None:
+            rule, aval = ViewRead(self.box), Aval(self.box.shape, self.aval.dtype)
+            sig = ir.sig_id(("functional.view_read", rule, _SLOTS[0], (), (aval,)))
+            made = self._read = (rule, aval, sig)
+        return made
+
+    def write(self) -> tuple:
+        """(rule, sig) of the node writing a value through this chain into its root."""
+        made = self._write
+        if made is None:
+            rule = WriteThrough(self.box)
+            sig = ir.sig_id(("functional.write_through", rule, _SLOTS[1], (), (self.aval,)))
+            made = self._write = (rule, sig)
+        return made
+
+    def then(self, info):
+        """The chain (None: the root itself) that ``info``'s view step leads to from here."""
+        nxt = self.after.get(info, self)
+        if nxt is self:
+            step = info.step
+            if self.steps and undoes(self.steps[-1], step):
+                nxt = self.parent
+            else:
+                nxt = _chain(self.aval, self.steps + (step,), self)
+            tracer.keep(self.after, info, nxt, 256)
+        return nxt
+
+    def __repr__(self):
+        return f"Chain({self.aval.shape}, {self.steps})"
+
+
+def _chain(aval: Aval, steps: tuple, parent=None) -> Chain:
+    key = (aval, steps)
+    c = _CHAINS.get(key)
+    if c is None:
+        if parent is None and len(steps) > 1:
+            parent = _chain(aval, steps[:-1])
+        c = tracer.keep(_CHAINS, key, Chain(aval, steps, parent), _MEMO_LIMIT)
+    return c
+
+
+def _interned_box(box: Box) -> Box:
+    return _BOXES.setdefault(box, box) if len(_BOXES) < _MEMO_LIMIT else box
+
+
+def first(root: Value, info):
+    """The chain ``info``'s view step makes from a root (which ``info``'s key determines)."""
+    c = _FIRST.get(info)
+    if c is None:
+        c = tracer.keep(_FIRST, info, _chain(root.aval, (info.step,)), _MEMO_LIMIT)
+    return c
+
+
 def chain_of(v: Value) -> tuple:
-    """(root value, chain of steps) with ``v`` = the chain applied to the root."""
+    """(root value, Chain or None) with ``v`` = the chain applied to the root."""
     note = v.node.note
     if note is not None and v.index == 0 and note[0] is _READ:
         return note[1], note[2]
-    return v, ()
+    return v, None
 
 
 def write_of(v: Value):
-    """(root, src, box) where ``v`` is the root with ``src`` written into its ``box``."""
+    """(root, src, chain) where ``v`` is the root with ``src`` written through ``chain``."""
     note = v.node.note
     if note is not None and v.index == 0 and note[0] is _WRITE:
         return note[1:]
     return None
+
+
+def same_box(a: Box, b: Box) -> bool:
+    return a is b or a == b       # (interned: equal is identical but across a memo reset)
 
 
 _SLOTS = (Slot(0),), (Slot(0), Slot(1))
@@ -107,46 +183,27 @@ def _node(op: str, rule, inputs: tuple, aval: Aval, sig=None) -> Value:
     return Value(node, 0)
 
 
-# Memos: the same few chains and boxes come back on every step of a loop, so what a chain
-# composes to, and the rule, output and interned signature of the node reading or writing it,
-# are made once (cleared with the trace plans: tracer.forget_plans).
-_BOXES: dict = {}        # (root shape, chain) -> Box
-_READS_OF: dict = {}     # (root aval, chain) -> (rule, aval, sig)
-_WRITES_OF: dict = {}    # (root aval, box) -> (rule, sig)
+# Memos: the same few chains and boxes come back on every step of a loop (cleared with the
+# trace plans: tracer.forget_plans).
+_CHAINS: dict = {}       # (root aval, steps) -> Chain
+_BOXES: dict = {}        # Box -> the same Box (interned)
+_FIRST: dict = {}        # _Info of a view step from a root -> Chain
 _MEMO_LIMIT = 65536
 
 
-def box_of(shape: tuple, chain: tuple) -> Box:
-    key = (shape, chain)
-    box = _BOXES.get(key)
-    return box if box is not None else tracer.keep(_BOXES, key, compose(shape, chain),
-                                                   _MEMO_LIMIT)
-
-
-def read_value(root: Value, chain: tuple) -> Value:
-    if not chain:
+def read_value(root: Value, c) -> Value:
+    if c is None:
         return root
-    key = (root.aval, chain)
-    made = _READS_OF.get(key)
-    if made is None:
-        box = box_of(root.aval.shape, chain)
-        rule, aval = ViewRead(box), Aval(box.shape, root.aval.dtype)
-        sig = ir.sig_id(("functional.view_read", rule, _SLOTS[0], (), (aval,)))
-        made = tracer.keep(_READS_OF, key, (rule, aval, sig), _MEMO_LIMIT)
-    v = _node("functional.view_read", made[0], (root,), made[1], made[2])
-    v.node.note = (_READ, root, chain)
+    rule, aval, sig = c.read()
+    v = _node("functional.view_read", rule, (root,), aval, sig)
+    v.node.note = (_READ, root, c)
     return v
 
 
-def write_value(root: Value, src: Value, box: Box) -> Value:
-    key = (root.aval, box)
-    made = _WRITES_OF.get(key)
-    if made is None:
-        rule = WriteThrough(box)
-        sig = ir.sig_id(("functional.write_through", rule, _SLOTS[1], (), (root.aval,)))
-        made = tracer.keep(_WRITES_OF, key, (rule, sig), _MEMO_LIMIT)
-    v = _node("functional.write_through", made[0], (root, src), root.aval, made[1])
-    v.node.note = (_WRITE, root, src, box)
+def write_value(root: Value, src: Value, c: Chain) -> Value:
+    rule, sig = c.write()
+    v = _node("functional.write_through", rule, (root, src), root.aval, sig)
+    v.node.note = (_WRITE, root, src, c)
     return v
 
 
@@ -196,24 +253,24 @@ _VIEWS = frozenset({aten.transpose_copy.int, aten.t_copy.default, aten.permute_c
 _SCATTERS = frozenset({aten.select_scatter.default, aten.slice_scatter.default})
 OPS = _VIEWS | _SCATTERS
 OP_IDS = frozenset(map(id, OPS))        # (an OpOverload hashes in Python)
+_SCATTER_IDS = frozenset(map(id, _SCATTERS))
 
 
 def trace(cls, func, args, kwargs):
     """The inner tensor ``func`` gives (with eager's strides for a view), or NotImplemented
     where the ordinary tracer should run."""
-    if func not in OPS:
+    if id(func) not in OP_IDS:
         return NotImplemented
     x = args[0] if args else None
     if not isinstance(x, LazyTensor):
         return NotImplemented
-    scatter = func in _SCATTERS
+    scatter = id(func) in _SCATTER_IDS
     src = (args[1] if len(args) > 1 else kwargs.get("src")) if scatter else None
     if scatter and not isinstance(src, LazyTensor):
         return NotImplemented
     # The trace-plan key where it applies (tensor geometries cached on the tensors).
-    key = None if kwargs else tracer._plan_key(cls, func, args)
-    if key is None:
-        key = _signature(func, x, src, args, kwargs)
+    planned = None if kwargs else tracer._plan_key(cls, func, args)
+    key = planned if planned is not None else _signature(func, x, src, args, kwargs)
     info = _INFO.get(key) if key is not None else None
     if info is None:
         info = _info(func, x, args, kwargs)     # raises eager's error where eager would
@@ -221,8 +278,26 @@ def trace(cls, func, args, kwargs):
             tracer.keep(_INFO, key, info, _MEMO_LIMIT)
     if info.step is None:
         return NotImplemented
+    if planned is not None:
+        info.direct = True        # the path's handlers left this key to us: replay may skip them
+    return _made(cls, func, args, kwargs, x, src, info)
+
+
+def replay(cls, func, args):
+    """``trace(cls, func, args, {})`` for a key ``trace`` handled before (None otherwise): the
+    first thing the inner tensor's dispatch does for these ops, before its handlers, which
+    declined this key then and decide on what the key holds (``plan_safe``)."""
+    key = tracer._plan_key(cls, func, args)
+    info = _INFO.get(key) if key is not None else None
+    if info is None or not info.direct:
+        return None
+    return _made(cls, func, args, None, args[0],
+                 args[1] if id(func) in _SCATTER_IDS else None, info)
+
+
+def _made(cls, func, args, kwargs, x, src, info):
     with lock:
-        if scatter:
+        if src is not None:
             value = _scatter(func, args, kwargs, x, src, info)
         else:
             value = _view(func, args, kwargs, x, info)
@@ -234,19 +309,20 @@ def trace(cls, func, args, kwargs):
 
 class _Info:
     """What one view copy or scatter with one argument geometry does: its view ``step``, its
-    output (eager's layout) and, for a keyword-free call, the node ``_plain`` records."""
+    output (eager's layout) and, for a keyword-free call, the node ``_plain`` records.
+    ``direct``: the path's handlers left this key to ``trace`` (``replay`` may serve it)."""
 
-    __slots__ = ("step", "out", "geo", "plain")
+    __slots__ = ("step", "out", "geo", "plain", "direct")
 
     def __init__(self, step, out, plain=None):
-        self.step, self.out, self.plain = step, out, plain
+        self.step, self.out, self.plain, self.direct = step, out, plain, False
         self.geo = (None if out is None else
                     (tuple(out.shape), tuple(out.stride), out.dtype, out.offset))
 
 
 # (op, input geometries, static arguments) -> _Info
 _INFO: dict = {}
-tracer.plan_memos.extend((_INFO, _BOXES, _READS_OF, _WRITES_OF))
+tracer.plan_memos.extend((_INFO, _CHAINS, _BOXES, _FIRST))
 
 
 def _signature(func, x, src, args, kwargs):
@@ -297,25 +373,32 @@ def _copied(v: Value) -> Value:
 
 
 def _view(func, args, kwargs, x, info) -> Value:
-    step = info.step
-    root, chain = chain_of(x._value)
-    if chain and undoes(chain[-1], step):
-        return read_value(root, chain[:-1])
-    chain = chain + (step,)
+    root, c = chain_of(x._value)
+    if c is not None:
+        n = len(c.steps)
+        c = c.then(info)
+        if c is None or len(c.steps) < n:
+            return read_value(root, c)           # the step undid the chain's last one
+    else:
+        c = first(root, info)
     w = write_of(root)
     if w is not None:
         wrote = w[2]
-        box = box_of(root.aval.shape, chain)
-        if box.positions == wrote.positions:
+        box = c.box
+        if box.positions == wrote.box.positions:
             src = _copied(w[1])
-            if box == wrote and src.aval.dtype == root.aval.dtype:
+            if same_box(box, wrote.box) and src.aval.dtype == root.aval.dtype:
                 return src
-            return _node("functional.relayout", Relayout(wrote, box), (src,),
-                         Aval(box.shape, root.aval.dtype))
-    if len(chain) > 1:
-        return read_value(root, chain)           # one node reads the whole chain from the root
+            made = c.relayouts.get(wrote)
+            if made is None:
+                rule = Relayout(wrote.box, box)
+                made = tracer.keep(c.relayouts, wrote, (rule, Aval(box.shape, root.aval.dtype)),
+                                   256)
+            return _node("functional.relayout", made[0], (src,), made[1])
+    if len(c.steps) > 1:
+        return read_value(root, c)               # one node reads the whole chain from the root
     value = _plain(func, args, kwargs, info)
-    value.node.note = (_READ, root, chain)
+    value.node.note = (_READ, root, c)
     return value
 
 
@@ -335,22 +418,22 @@ def _plain(func, args, kwargs, info) -> Value:
 
 
 def _scatter(func, args, kwargs, y, src, info) -> Value:
-    step = info.step
-    root, chain = chain_of(y._value)
+    root, c = chain_of(y._value)
     below = write_of(root)
-    if not chain and below is None:
+    c = first(root, info) if c is None else c.then(info)   # (a scatter's step undoes nothing)
+    if len(c.steps) == 1 and below is None:
         value = _plain(func, args, kwargs, info)
-        value.node.note = (_WRITE, root, src._value, box_of(root.aval.shape, (step,)))
+        value.node.note = (_WRITE, root, src._value, c)
         return value
-    box = box_of(root.aval.shape, chain + (step,))
+    box = c.box
     value = _copied(src._value)
     s_root, s_chain = chain_of(value)
-    if s_root == root and s_chain and box_of(root.aval.shape, s_chain) == box:
+    if s_root == root and s_chain is not None and same_box(s_chain.box, box):
         written = root                           # writing back what is there
-    elif below is not None and below[2] == box and _copied(below[1]) == value:
+    elif below is not None and same_box(below[2].box, box) and _copied(below[1]) == value:
         written = root                           # the same write again
-    elif below is not None and below[2].positions == box.positions:
-        written = write_value(below[0], src._value, box)   # overwrites the write below
+    elif below is not None and below[2].box.positions == box.positions:
+        written = write_value(below[0], src._value, c)   # overwrites the write below
     else:
-        written = write_value(root, src._value, box)
-    return read_value(written, chain)
+        written = write_value(root, src._value, c)
+    return read_value(written, c.parent)
