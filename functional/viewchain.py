@@ -174,6 +174,7 @@ def same_box(a: Box, b: Box) -> bool:
 
 
 _SLOTS = (Slot(0),), (Slot(0), Slot(1))
+_POISONED = ir.Poisoned
 
 
 def _node(op: str, rule, inputs: tuple, aval: Aval, sig=None) -> Value:
@@ -407,9 +408,9 @@ def _plain(func, args, kwargs, info) -> Value:
     if info.plain is None:
         return Value(tracer.make_node(func, registry.lookup(func), args, kwargs, [info.out]), 0)
     op, rule, template, avals, n, sig = info.plain
-    inputs = tuple(t._value for t in args[:n])
+    inputs = (args[0]._value,) if n == 1 else (args[0]._value, args[1]._value)
     for v in inputs:
-        if type(v.node) is ir.Poisoned:
+        if type(v.node) is _POISONED:
             raise v.node.error
     source = ir.user_frame() if settings.get().ir_debug else None
     node = Node(op, rule, template, (), inputs, avals, source, sig)

@@ -135,6 +135,12 @@ def _copy(cls, func, args, kwargs):
             out = copy_walk(cls, dst, src)
             if out is not None:
                 return out
+        elif not kwargs:
+            # Checked: what follows (the host copy handler declines a device source, no view
+            # chain, no restriding) is the tracer alone, so its plan for this key may replay.
+            out = tracer.replay(cls, func, args, handled=True)
+            if out is not None:
+                return out
     return _copy_next(cls, func, args, kwargs) if _copy_next is not None else NotImplemented
 
 
@@ -271,11 +277,17 @@ def _keep_written_layout(next_handler):
         _state.pending = None
         f, shape, dtype, stride = pending
         x = args[0] if args else None
-        if (f is not func or not isinstance(x, LazyTensor) or tuple(x.shape) != shape
-                or x.dtype != dtype or tuple(x.stride()) != stride):
+        if f is not func or not isinstance(x, LazyTensor):
             return next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
-        if torch.Tag.pointwise in func.tags:     # eager's TensorIterator overlap check
-            _check_partial_overlap(func, x, args, kwargs)
+        g = x._geo or tracer._geometry_of(x)
+        if g[0] != shape or g[2] != dtype or g[1] != stride:
+            return next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
+        pointwise = _POINTWISE.get(func)
+        if pointwise is None:
+            pointwise = _POINTWISE[func] = torch.Tag.pointwise in func.tags
+        if pointwise and (kwargs or any(isinstance(a, (torch.Tensor, list, tuple))
+                                        for a in args[1:])):
+            _check_partial_overlap(func, x, args, kwargs)   # eager's TensorIterator check
         out = next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
         if out is NotImplemented:
             out = tracer.trace(cls, func, args, kwargs)
@@ -290,6 +302,9 @@ def _keep_written_layout(next_handler):
     # plans only while no write is pending (see FunctionalInner.__torch_dispatch__).
     handler.plan_safe = next_handler is None or getattr(next_handler, "plan_safe", False)
     return handler
+
+
+_POINTWISE: dict = {}       # op -> does it carry torch.Tag.pointwise
 
 
 def _check_partial_overlap(func, written, args, kwargs) -> None:
