@@ -38,7 +38,7 @@ class FunctionalInner(LazyTensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if not kwargs:
             if id(func) in viewchain.OP_IDS:     # view copies and scatters: their own memo
-                ok = _VIEW_REPLAY.get(func)
+                ok = _VIEW_REPLAY.get(id(func))
                 if ok is None:
                     ok = _view_replay_ok(func)
                 if ok:
@@ -90,7 +90,7 @@ class FunctionalInner(LazyTensor):
 
 
 _PLAIN: dict = {}
-# view copy or scatter -> may viewchain.replay serve it before this path's handlers?
+# id(view copy or scatter) -> may viewchain.replay serve it before this path's handlers?
 _VIEW_REPLAY: dict = {}
 
 
@@ -98,7 +98,7 @@ def _view_replay_ok(func) -> bool:
     """Only where no handler, or one that declines on what a plan key holds (``plan_safe``),
     comes before viewchain: a key viewchain traced once, the handler declined."""
     handler = _HANDLERS.get(func)
-    ok = _VIEW_REPLAY[func] = handler is None or getattr(handler, "plan_safe", False)
+    ok = _VIEW_REPLAY[id(func)] = handler is None or getattr(handler, "plan_safe", False)
     return ok
 
 

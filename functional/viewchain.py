@@ -147,9 +147,9 @@ def _interned_box(box: Box) -> Box:
 
 def first(root: Value, info):
     """The chain ``info``'s view step makes from a root (which ``info``'s key determines)."""
-    c = _FIRST.get(info)
+    c = info.first
     if c is None:
-        c = tracer.keep(_FIRST, info, _chain(root.aval, (info.step,)), _MEMO_LIMIT)
+        c = info.first = _chain(root.aval, (info.step,))
     return c
 
 
@@ -188,7 +188,6 @@ def _node(op: str, rule, inputs: tuple, aval: Aval, sig=None) -> Value:
 # trace plans: tracer.forget_plans).
 _CHAINS: dict = {}       # (root aval, steps) -> Chain
 _BOXES: dict = {}        # Box -> the same Box (interned)
-_FIRST: dict = {}        # _Info of a view step from a root -> Chain
 _MEMO_LIMIT = 65536
 
 
@@ -288,12 +287,23 @@ def replay(cls, func, args):
     """``trace(cls, func, args, {})`` for a key ``trace`` handled before (None otherwise): the
     first thing the inner tensor's dispatch does for these ops, before its handlers, which
     declined this key then and decide on what the key holds (``plan_safe``)."""
-    key = tracer._plan_key(cls, func, args)
-    info = _INFO.get(key) if key is not None else None
+    key = _plan_key(cls, func, args)
+    if key is None:
+        return None
+    info = _INFO.get(key)
     if info is None or not info.direct:
         return None
-    return _made(cls, func, args, None, args[0],
-                 args[1] if id(func) in _SCATTER_IDS else None, info)
+    with lock:
+        if info.scatter:
+            value = _scatter(func, args, None, args[0], args[1], info)
+        else:
+            value = _view(func, args, None, args[0], info)
+    t = cls(value, *info.made)
+    t._geo = info.geo
+    return t
+
+
+_plan_key = tracer._plan_key
 
 
 def _made(cls, func, args, kwargs, x, src, info):
@@ -302,8 +312,7 @@ def _made(cls, func, args, kwargs, x, src, info):
             value = _scatter(func, args, kwargs, x, src, info)
         else:
             value = _view(func, args, kwargs, x, info)
-    out = info.out
-    t = cls(value, out.shape, out.dtype, out.stride, out.offset)
+    t = cls(value, *info.made)
     t._geo = info.geo
     return t
 
@@ -313,17 +322,19 @@ class _Info:
     output (eager's layout) and, for a keyword-free call, the node ``_plain`` records.
     ``direct``: the path's handlers left this key to ``trace`` (``replay`` may serve it)."""
 
-    __slots__ = ("step", "out", "geo", "plain", "direct")
+    __slots__ = ("step", "out", "geo", "plain", "direct", "scatter", "made", "first")
 
-    def __init__(self, step, out, plain=None):
+    def __init__(self, step, out, plain=None, scatter=False):
         self.step, self.out, self.plain, self.direct = step, out, plain, False
+        self.scatter, self.first = scatter, None       # (first: the chain of step from a root)
         self.geo = (None if out is None else
                     (tuple(out.shape), tuple(out.stride), out.dtype, out.offset))
+        self.made = (None if out is None else (out.shape, out.dtype, out.stride, out.offset))
 
 
 # (op, input geometries, static arguments) -> _Info
 _INFO: dict = {}
-tracer.plan_memos.extend((_INFO, _CHAINS, _BOXES, _FIRST))
+tracer.plan_memos.extend((_INFO, _CHAINS, _BOXES))
 
 
 def _signature(func, x, src, args, kwargs):
@@ -360,7 +371,7 @@ def _info(func, x, args, kwargs) -> _Info:
         template = _SLOTS[n - 1] + tuple(tuple(a) if type(a) is list else a for a in args[n:])
         avals = (Aval(tuple(out.shape), _jax.to_jax_dtype(out.dtype)),)
         plain = (op, rule, template, avals, n, ir.sig_id((op, rule, template, (), avals)))
-    return _Info(step, out, plain)
+    return _Info(step, out, plain, func in _SCATTERS)
 
 
 def _copied(v: Value) -> Value:
@@ -374,15 +385,18 @@ def _copied(v: Value) -> Value:
 
 
 def _view(func, args, kwargs, x, info) -> Value:
-    root, c = chain_of(x._value)
-    if c is not None:
+    root = x._value
+    note = root.node.note
+    if note is not None and root.index == 0 and note[0] is _READ:     # (chain_of, inlined)
+        root, c = note[1], note[2]
         n = len(c.steps)
         c = c.then(info)
         if c is None or len(c.steps) < n:
             return read_value(root, c)           # the step undid the chain's last one
     else:
-        c = first(root, info)
-    w = write_of(root)
+        c = info.first or first(root, info)
+    note = root.node.note
+    w = note[1:] if note is not None and root.index == 0 and note[0] is _WRITE else None
     if w is not None:
         wrote = w[2]
         box = c.box
@@ -421,7 +435,7 @@ def _plain(func, args, kwargs, info) -> Value:
 def _scatter(func, args, kwargs, y, src, info) -> Value:
     root, c = chain_of(y._value)
     below = write_of(root)
-    c = first(root, info) if c is None else c.then(info)   # (a scatter's step undoes nothing)
+    c = (info.first or first(root, info)) if c is None else c.then(info)   # (undoes nothing)
     if len(c.steps) == 1 and below is None:
         value = _plain(func, args, kwargs, info)
         value.node.note = (_WRITE, root, src._value, c)
