@@ -290,8 +290,12 @@ def _keep_written_layout(next_handler):
             _check_partial_overlap(func, x, args, kwargs)   # eager's TensorIterator check
         out = next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
         if out is NotImplemented:
-            out = tracer.trace(cls, func, args, kwargs)
-        offset = x.storage_offset()
+            # (``trace`` would replay the plan of a keyword-free call first: a plan exists only
+            # where the tracer's lowering alone made the node)
+            out = None if kwargs else tracer.replay(cls, func, args, handled=True)
+            if out is None:
+                out = tracer.trace(cls, func, args, kwargs)
+        offset = g[3]
         if isinstance(out, LazyTensor):
             out._in_place = True      # its first input is the written tensor (see _written_cast)
         if (isinstance(out, LazyTensor) and tuple(out.shape) == shape
