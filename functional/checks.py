@@ -49,7 +49,7 @@ from torch._decomp import global_decomposition_table
 
 from xla_compat import write_checks
 from xla_compat.lazy import tracer
-from xla_compat.lowering.views import expanded
+from xla_compat.lowering.views import expanded, surely_distinct
 from xla_compat.write_checks import OutOp, meta_twins as _twins, tensors as _tensors
 
 from . import writes_eager
@@ -219,7 +219,42 @@ def _copy_functionalize(keyset, self, src, non_blocking=False):
         # eager's internal-overlap check of the written tensor (an expanded view)
         raise RuntimeError(f"{write_checks._INTERNAL_OVERLAP}\n  (xla_compat: raised by "
                            f"aten.copy_ on the functional path; nothing was written)")
+    if (type(src) is torch.Tensor and _is_functional(src) and _is_functional(self)
+            and src.shape == self.shape and src.dtype == self.dtype and src.device == self.device
+            and _distinct(self)):
+        return _copy_of_equal_shape(self, src, non_blocking)
     return _copy_upstream.call_boxed(keyset, self, src, non_blocking)
+
+
+_DISTINCT: dict = {}        # (size, stride) -> surely no two elements share a position
+
+
+def _distinct(t) -> bool:
+    key = (t.shape, t.stride())
+    ok = _DISTINCT.get(key)
+    if ok is None:
+        ok = tracer.keep(_DISTINCT, key, surely_distinct(tuple(t.shape), t.stride()),
+                         _CACHE_LIMIT)
+    return ok
+
+
+_sync, _from, _replace = torch._sync, torch._from_functional_tensor, torch._functionalize_replace
+_commit = torch._functionalize_commit_update
+_COPY = aten.copy.default
+
+
+def _copy_of_equal_shape(self, src, non_blocking):
+    """Upstream's kernel without its first sync of ``self``: the copy's result does not read
+    ``self``'s values, and a view is made out of date (its generation is not its base's), so
+    that sync regenerated every fresh view written by ``copy_`` (one view copy per write in a
+    loop like ``cache[..., t:t + 1] = kv[..., t:t + 1]``). Pending writes of the storage stay
+    queued before this one; the closing sync applies them in order, as upstream does."""
+    _sync(src)
+    out = _COPY(_from(self), _from(src), non_blocking)
+    _replace(self, out)
+    _commit(self)
+    _sync(self)
+    return self
 
 
 # -- which ops ------------------------------------------------------------------------------------
