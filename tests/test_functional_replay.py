@@ -143,3 +143,30 @@ def test_a_resized_out_write_back_after_a_plain_slice_write_matches_eager(path, 
         return base
     g = torch.Generator().manual_seed(3)
     _twice(program, lambda: (torch.randn(12, generator=g), torch.randn(2, 2, generator=g)), dev)
+
+
+def test_copy_into_a_view_made_before_other_writes_keeps_the_order_of_writes(path, dev):
+    """copy_ does not read its destination; the writes queued before it still land first."""
+    def program(x, src):
+        v = x[1:3]                     # made before the writes below: out of date at the copy
+        x[2] = 5
+        x.t()[0] += 1
+        v.copy_(src)
+        w = x.transpose(0, 1)[1:3]     # a view of a written tensor, then a copy into a view of it
+        w[0].copy_(src.reshape(-1)[:4] * 2)
+        x.copy_(x * 2)                 # the whole tensor, with its views' writes pending
+        v[0, 1] = -3
+        return x, v, w
+    g = torch.Generator().manual_seed(4)
+    _twice(program, lambda: (torch.randn(4, 3, generator=g), torch.randn(2, 3, generator=g)), dev)
+
+
+def test_a_view_written_by_copy_keeps_eager_strides_and_offset(path, dev):
+    x, s = torch.randn(4, 5), torch.randn(4)
+    d, ds = x.to(dev), s.to(dev)
+    for _ in range(2):
+        r, dr = x.t()[2].copy_(s), d.t()[2].copy_(ds)
+        assert (dr.shape, dr.stride(), dr.storage_offset()) == \
+            (r.shape, r.stride(), r.storage_offset())
+        assert_same(dr, r)
+        assert_same(d, x)
