@@ -29,7 +29,10 @@ cost ~0.6 ms a call).
 
 **copy_.** ``dst.copy_(src)`` of two views of one storage that partially overlap raises eager's
 error at the Functionalize key, from the wrappers' storage and geometry (writes_eager's check on
-the inner tensors loses the shared storage after a sync or an earlier write).
+the inner tensors loses the shared storage after a sync or an earlier write). A copy of equal
+shape and dtype into a destination without self-overlap is then functionalized here, as
+upstream does it but without syncing the destination first: copy does not read it, and a fresh
+view is born a generation behind its base, so that sync regenerated every view ``copy_`` wrote.
 
 Cost (2,000 calls, tracing only, this machine): an out= op on the functional path ~9 -> ~16 us
 (~4 us of it is the Python kernel's own dispatch), copy_ ~18 -> ~20.5 us, ``x.add_(1)``
