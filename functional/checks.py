@@ -32,7 +32,8 @@ error at the Functionalize key, from the wrappers' storage and geometry (writes_
 the inner tensors loses the shared storage after a sync or an earlier write). A copy of equal
 shape and dtype into a destination without self-overlap is then functionalized here, as
 upstream does it but without syncing the destination first: copy does not read it, and a fresh
-view is born a generation behind its base, so that sync regenerated every view ``copy_`` wrote.
+view is born a generation behind its base, so that sync regenerated every view ``copy_`` wrote;
+nor afterwards (the result takes the view's layout; the next use of the view syncs it).
 
 Cost (2,000 calls, tracing only, this machine): an out= op on the functional path ~9 -> ~16 us
 (~4 us of it is the Python kernel's own dispatch), copy_ ~18 -> ~20.5 us, ``x.add_(1)``
@@ -247,16 +248,20 @@ _COPY = aten.copy.default
 
 
 def _copy_of_equal_shape(self, src, non_blocking):
-    """Upstream's kernel without its first sync of ``self``: the copy's result does not read
-    ``self``'s values, and a view is made out of date (its generation is not its base's), so
-    that sync regenerated every fresh view written by ``copy_`` (one view copy per write in a
-    loop like ``cache[..., t:t + 1] = kv[..., t:t + 1]``). Pending writes of the storage stay
-    queued before this one; the closing sync applies them in order, as upstream does."""
+    """Upstream's kernel without its two syncs of ``self``. The first: the copy's result does
+    not read ``self``'s values, and a view is made out of date (its generation is not its
+    base's), so it regenerated every fresh view written by ``copy_`` (a view copy per write in a
+    loop like ``cache[..., t:t + 1] = kv[..., t:t + 1]``). The last regenerated ``self`` from
+    its base only to give it the view's layout, which the result takes here; ``self`` stays out
+    of date, so its next use applies the storage's pending writes, this one after those queued
+    before it, and regenerates it (a temporary view, as ``__setitem__``'s, never pays that)."""
     _sync(src)
     out = _COPY(_from(self), _from(src), non_blocking)
-    _replace(self, out)
+    stride, offset = self.stride(), self.storage_offset()
+    if out.stride() != stride or out.storage_offset() != offset:
+        out = type(out)(out._value, tuple(out.shape), out.dtype, stride, offset)
+    _replace(self, out)       # (the wrapper takes ``out``'s layout: the one it has)
     _commit(self)
-    _sync(self)
     return self
 
 
