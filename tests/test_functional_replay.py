@@ -170,3 +170,17 @@ def test_a_view_written_by_copy_keeps_eager_strides_and_offset(path, dev):
             (r.shape, r.stride(), r.storage_offset())
         assert_same(dr, r)
         assert_same(d, x)
+
+
+def test_a_view_written_by_copy_whose_base_is_gone_survives_a_sync(path, dev):
+    import gc
+    src = torch.randn(3)
+    v = torch.zeros(5, 4, device=dev)[1:4, 2]       # the base wrapper is dropped at once
+    gc.collect()
+    v.copy_(src.to(dev))
+    xc.sync()
+    v.mul_(2)
+    xc.sync()
+    w = v[1:]
+    w.copy_(torch.ones(2, device=dev))
+    assert_same(v, torch.stack([src[0] * 2, torch.tensor(1.0), torch.tensor(1.0)]))
