@@ -60,16 +60,17 @@ class Alias:
         self.pending.clear()
         # SPMD: the storage keeps its layout through writes of its views and host copies into
         # it; members holding the value before the layout was applied re-derive (gen bump).
-        laid_out = sharding.constrain(base, self.sharding)
-        if laid_out is not base:
-            base = laid_out
-            self.gen += 1
+        if self.sharding is not None:
+            laid_out = sharding.constrain(base, self.sharding)
+            if laid_out is not base:
+                base = laid_out
+                self.gen += 1
         self.base = base
         return base
 
     def read(self, chain: tuple, aval: Aval) -> Value:
         """The current value of the member reached through ``chain``."""
-        base = self.flush()
+        base = self.flush() if self.pending or self.sharding is not None else self.base
         if not chain:
             return base
         just = self._just_written(chain)
@@ -112,9 +113,13 @@ class Alias:
         for _, v in self.pending:
             yield v
 
+_SLOTS = [tuple(Slot(i) for i in range(n)) for n in range(3)]
+
+
 def _node(op: str, rule, inputs: tuple, aval: Aval) -> Value:
     metrics.inc("IrNodes")
-    args = tuple(Slot(i) for i in range(len(inputs)))
+    n = len(inputs)
+    args = _SLOTS[n] if n < 3 else tuple(Slot(i) for i in range(n))
     return Value(Node(op, rule, args, (), tuple(inputs), (aval,)), 0)
 
 def live_aliases() -> list:
