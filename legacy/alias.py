@@ -26,17 +26,27 @@ _aliases = WeakRegistry()
 class Alias:
     """One storage: the base value, writes pending on it, and a generation counter."""
 
-    __slots__ = ("base", "pending", "gen", "root", "nbytes", "sharding", "last", "__weakref__")
+    __slots__ = ("base", "pending", "gen", "root", "_nbytes", "_dtype", "sharding", "last", "__weakref__")
 
     def __init__(self, base: Value, root: Layout):
         self.base = base
         self.pending: list = []
         self.gen = 0
         self.root = root          # the root tensor's layout over the storage (for as_strided)
-        self.nbytes = root.storage_size * np.dtype(base.aval.dtype).itemsize   # as eager allocated
+        self._nbytes = None       # the storage's size in bytes, worked out when first asked
+        self._dtype = base.aval.dtype
         self.sharding = None      # SPMD: the storage's layout over a mesh (xc.mark_sharding)
         self.last = base if type(base.node) is DeviceData else None   # last materialised base
         _aliases.add(next(_serial), self)
+
+    @property
+    def nbytes(self) -> int:
+        """The storage's size in bytes, as eager allocated it (every op's result is a new storage:
+        most are never asked, so it is worked out on first use)."""
+        n = self._nbytes
+        if n is None:
+            n = self._nbytes = self.root.storage_size * np.dtype(self._dtype).itemsize
+        return n
 
     def roll_back(self, error: BaseException) -> None:
         """After a failed sync: drop writes since the last materialised base (poisoned if none);
