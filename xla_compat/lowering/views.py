@@ -167,8 +167,8 @@ def contiguous_strides(shape) -> tuple:
 
 def expanded(size, stride) -> bool:
     """Does a dim of more than one element step 0 (eager's internal overlap "yes": writes
-    refused)?"""
-    return any(n > 1 and s == 0 for n, s in zip(size, stride))
+    refused)? Never for a tensor of no elements (eager finds it non-overlapping and dense)."""
+    return 0 not in size and any(n > 1 and s == 0 for n, s in zip(size, stride))
 
 
 def surely_distinct(size, stride) -> bool:
