@@ -122,7 +122,7 @@ _copy_next = _HANDLERS.get(aten.copy.default)
 def _copy(cls, func, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, LazyTensor) and isinstance(src, LazyTensor) and dst is not src:
-        key = (dst._geo or tracer._geometry_of(dst), src._geo or tracer._geometry_of(src))
+        key = (tracer.geometry(dst), tracer.geometry(src))
         facts = _COPY_FACTS.get(key)
         if facts is None:
             facts = tracer.keep(_COPY_FACTS, key, _copy_facts(dst, src), 4096)
@@ -279,7 +279,7 @@ def _keep_written_layout(next_handler):
         x = args[0] if args else None
         if f is not func or not isinstance(x, LazyTensor):
             return next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
-        g = x._geo or tracer._geometry_of(x)
+        g = tracer.geometry(x)
         if g[0] != shape or g[2] != dtype or g[1] != stride:
             return next_handler(cls, func, args, kwargs) if next_handler else NotImplemented
         pointwise = _POINTWISE.get(func)

@@ -32,28 +32,17 @@ _WRITE_PLANS: dict = {}   # key -> _WritePlan, or _COPY for a copy_ that binds i
 _COPY = object()
 tracer.plan_memos.extend([_VIEW_PLANS, _WRITE_PLANS])
 
-_NUMBER = (int, float, bool)
+_NUMBER = (int, float, bool)     # the numbers a write plan lifts (see _kinds)
 _TENSOR, _SCALAR = 1, 2   # write-plan argument kinds (0: static, already in the template)
 
 
-def _geo(x) -> tuple:
-    g = x._geo
-    if g is None or tracer.CHECK_GEOMETRY:
-        g = tracer._geometry_of(x)
-    return g
-
-
 def _static(x, parts: list) -> bool:
-    """Append a static argument's key; False for one a plan cannot hold."""
-    tx = type(x)
-    if tx in _NUMBER:
-        parts.append((tx, x))
-    elif x is None or tx is torch.dtype:
-        parts.append(x)
-    elif (tx is list or tx is tuple) and all(type(e) is int for e in x):
-        parts.append((tx, tuple(x)))
-    else:
+    """Append a static argument's key as the tracer's plans hold it; False for one no plan may
+    hold."""
+    k = tracer.static_key(x)
+    if k is tracer.NO_KEY:
         return False
+    parts.append(k)
     return True
 
 
@@ -65,7 +54,7 @@ def view(func, args):
     x = args[0]
     if type(x) is not LegacyTensor:
         return None
-    parts = [id(func), _geo(x), x._alias.nbytes]
+    parts = [id(func), tracer.geometry(x), x._alias.nbytes]
     for a in args[1:]:
         if not _static(a, parts):
             return None
@@ -133,7 +122,7 @@ def _write_key(func, dst, args):
     for i, a in enumerate(args):
         if type(a) is LegacyTensor:
             # (its geometry; is it the written tensor, or another view of its storage?)
-            parts.append((_geo(a), 2 if a is dst else a._alias is alias))
+            parts.append((tracer.geometry(a), 2 if a is dst else a._alias is alias))
         elif not _static(a, parts):
             return None
     return tuple(parts)
@@ -184,7 +173,7 @@ def _first_copy(key, dst, args):
     src = args[1]
     if (type(src) is not LegacyTensor or src is dst or not dst._chain or not key[1]):
         return None
-    g, h = _geo(dst), _geo(src)
+    g, h = tracer.geometry(dst), tracer.geometry(src)
     if g[0] != h[0] or g[2] != h[2]:
         return None
     with lock:

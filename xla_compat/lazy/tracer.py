@@ -547,21 +547,30 @@ def _plan_key(cls, func, args):
     once per traced op (``replay``): a tensor's geometry comes from its cache."""
     parts = [id(func), cls]
     for x in args:
-        tx = type(x)
-        if tx is cls:
-            g = x._geo
-            if g is None or CHECK_GEOMETRY:
-                g = _geometry_of(x)
-            parts.append(g)
-        elif tx in _NUMBER:
-            parts.append((tx, x))
-        elif x is None or tx is torch.dtype:
-            parts.append(x)
-        elif (tx is list or tx is tuple) and all(type(e) is int for e in x):
-            parts.append((tx, tuple(x)))
+        if type(x) is cls:
+            parts.append(geometry(x))
         else:
-            return None
+            k = static_key(x)
+            if k is NO_KEY:
+                return None
+            parts.append(k)
     return tuple(parts)
+
+
+NO_KEY = object()
+
+
+def static_key(x):
+    """What a plan key holds for a non-tensor argument (numbers by type and value: 1, 1.0 and
+    True promote differently), or NO_KEY for one no plan may hold."""
+    tx = type(x)
+    if tx in _NUMBER:
+        return (tx, x)
+    if x is None or tx is torch.dtype:
+        return x
+    if (tx is list or tx is tuple) and all(type(e) is int for e in x):
+        return (tx, tuple(x))
+    return NO_KEY
 
 
 def _remember_plan(cls, func, args, node: Node, meta_out) -> None:
@@ -637,6 +646,14 @@ def replay(cls, func, args, handled=False):
 # ``tensor.take_geometry``). With CHECK_GEOMETRY (on in the test suite) every use recomputes it
 # and a stale cache raises: a metadata change that bypassed take_geometry would pick wrong plans.
 CHECK_GEOMETRY = False
+
+
+def geometry(x) -> tuple:
+    """A device tensor's geometry as plan keys hold it, from its cache."""
+    g = x._geo
+    if g is None or CHECK_GEOMETRY:
+        g = _geometry_of(x)
+    return g
 
 
 def _geometry_of(x) -> tuple:
