@@ -171,10 +171,8 @@ def _in_place_reference(op, original):
         if not writes_eager._in_meta_reference():
             return original(*args, **kwargs)
         self = args[0]
-        parts = [op]
-        key = None
-        if tracer._key_of(args, parts) and tracer._key_of(tuple(sorted(kwargs.items())), parts):
-            key = tuple(parts)
+        key = tracer.call_key([op], args, kwargs)
+        if key is not None:
             if key in _REFERENCES:
                 if functional is not None:     # what the hook leaves for the functional op
                     _state.pending = (functional, tuple(self.shape), self.dtype,
@@ -182,9 +180,7 @@ def _in_place_reference(op, original):
                 return self
         out = hooked(*args, **kwargs)
         if key is not None:
-            if len(_REFERENCES) >= _CACHE_LIMIT:
-                _REFERENCES.clear()
-            _REFERENCES[key] = True
+            tracer.keep(_REFERENCES, key, True, _CACHE_LIMIT)
         return out
     return meta_reference
 

@@ -178,10 +178,7 @@ def as_strided_walk(cls, base, src, size, stride, offset):
     last changed element, is right; None for any other view (every ordinary write-back)."""
     shares = _SHARES.get((size, stride))
     if shares is None:
-        shares = _shares_memory(size, stride)
-        if len(_SHARES) >= 4096:
-            _SHARES.clear()
-        _SHARES[(size, stride)] = shares
+        shares = tracer.keep(_SHARES, (size, stride), _shares_memory(size, stride), 4096)
     if not shares:
         return None                        # (every ordinary write-back: one dict lookup)
     offset = base.storage_offset() if offset is None else offset

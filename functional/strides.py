@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from xla_compat.lazy.tracer import _key_of
+from xla_compat.lazy.tracer import call_key, keep
 
 aten = torch.ops.aten
 
@@ -71,10 +71,8 @@ def eager_geometry(func, args, kwargs) -> Optional[list]:
     view = view_op_of(func)
     if view is None:
         return None
-    parts = [func]
-    key = None
-    if _key_of(args, parts) and _key_of(tuple(sorted(kwargs.items())), parts):
-        key = tuple(parts)
+    key = call_key([func], args, kwargs)
+    if key is not None:
         hit = _GEOMETRY.get(key, _GEOMETRY)
         if hit is not _GEOMETRY:
             return hit
@@ -88,7 +86,5 @@ def eager_geometry(func, args, kwargs) -> Optional[list]:
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
         geometry = [(tuple(o.stride()), o.storage_offset()) for o in outs]
     if key is not None:
-        if len(_GEOMETRY) >= _GEOMETRY_LIMIT:
-            _GEOMETRY.clear()
-        _GEOMETRY[key] = geometry
+        keep(_GEOMETRY, key, geometry, _GEOMETRY_LIMIT)
     return geometry

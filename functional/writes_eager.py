@@ -230,11 +230,8 @@ def _meta_hook(op, original):
             return original(*args, **kwargs)
         _state.pending = None
         self = args[0]
-        parts = [op]
-        key = None
-        if tracer._key_of(args, parts) and (not kwargs or tracer._key_of(
-                tuple(sorted(kwargs.items())), parts)):
-            key = tuple(parts)
+        key = tracer.call_key([op], args, kwargs)
+        if key is not None:
             if key in _PASSED:
                 if functional is not None:
                     _state.pending = (functional, tuple(self.shape), self.dtype,

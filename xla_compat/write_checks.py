@@ -135,25 +135,13 @@ def plainly_fine(spec: OutOp, args, out, storages: Storages) -> bool:
 _DTYPES: dict = {}
 
 
+def _dtype_of(t) -> tuple:
+    return (t.dtype, t.dim() == 0)
+
+
 def _signature(x, out: list) -> bool:
     """What decides a result dtype: tensors' dtypes and 0-dim-ness, numbers' types, the rest."""
-    if isinstance(x, torch.Tensor):
-        out.append(x.dtype)
-        out.append(x.dim() == 0)
-    elif type(x) in _NUMBER:
-        out.append(type(x))
-    elif isinstance(x, (list, tuple)):
-        out.append(len(x))
-        for e in x:
-            if not _signature(e, out):
-                return False
-    else:
-        try:
-            hash(x)
-        except TypeError:
-            return False
-        out.append(x)
-    return True
+    return tracer.key_parts(x, out, _dtype_of, type)
 
 
 def result_dtypes(spec: OutOp, args, kwargs) -> Optional[tuple]:
@@ -219,9 +207,8 @@ def _dry_run(spec: OutOp, args, kwargs, outs, inputs, results, storages: Storage
         return _without_dry_run(spec, outs, inputs, results, storages)
     parts = [spec.op, tuple(sizes.items()),
              tuple(storage_of[storages.key(t)] if owns(t) else -1 for t in flat)]
-    key = None
-    if tracer._key_of(args, parts) and tracer._key_of(tuple(sorted(kwargs.items())), parts):
-        key = tuple(parts)
+    key = tracer.call_key(parts, args, kwargs)
+    if key is not None:
         if key in _PASSED:
             return
     cpu = cpu_twins(storages, storage_of, sizes)

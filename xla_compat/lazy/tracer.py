@@ -263,16 +263,18 @@ def _desc(x):
 _NUMBER = (int, float, bool, complex)
 
 
-def _key_of(x, out: list) -> bool:
-    """Append a hashable description of ``x`` to ``out``; False if it has none."""
+def key_parts(x, out: list, tensor, number) -> bool:
+    """Append a hashable description of ``x`` (an argument, or a list or tuple of them) to
+    ``out``: ``tensor(t)`` for a tensor, ``number(n)`` for a Python number, the length and each
+    element for a sequence, anything hashable as it is. False where something is unhashable."""
     if isinstance(x, torch.Tensor):
-        out.append((x.shape, x.stride(), x.dtype, x.storage_offset()))
+        out.append(tensor(x))
     elif type(x) in _NUMBER:
-        out.append((type(x), x))     # 1, 1.0 and True promote differently
+        out.append(number(x))
     elif isinstance(x, (list, tuple)):
         out.append(len(x))
         for e in x:
-            if not _key_of(e, out):
+            if not key_parts(e, out, tensor, number):
                 return False
     else:
         try:
@@ -281,6 +283,28 @@ def _key_of(x, out: list) -> bool:
             return False
         out.append(x)
     return True
+
+
+def _layout_of(t) -> tuple:
+    return (t.shape, t.stride(), t.dtype, t.storage_offset())
+
+
+def _number_of(n) -> tuple:
+    return (type(n), n)        # 1, 1.0 and True promote differently
+
+
+def _key_of(x, out: list) -> bool:
+    """Append a hashable description of ``x`` to ``out`` (tensors by layout and dtype, numbers
+    by type and value); False if it has none."""
+    return key_parts(x, out, _layout_of, _number_of)
+
+
+def call_key(head: list, args, kwargs):
+    """``head`` followed by ``_key_of``'s description of ``args`` and of the sorted ``kwargs``,
+    as a tuple (a memo key for the call); None where an argument has no description."""
+    if _key_of(args, head) and (not kwargs or _key_of(tuple(sorted(kwargs.items())), head)):
+        return tuple(head)
+    return None
 
 
 def op_table(table: dict):
@@ -338,9 +362,7 @@ def meta(func, args, kwargs):
     """
     key = _flat_key(func, args) if not kwargs else None
     if key is None:
-        parts = [id(func)]
-        if _key_of(args, parts) and _key_of(tuple(sorted(kwargs.items())), parts):
-            key = tuple(parts)
+        key = call_key([id(func)], args, kwargs)
     if key is not None:
         hit = _META_CACHE.get(key)
         if hit is not None:
