@@ -112,8 +112,8 @@ def test_a_captured_steps_recorded_numbers_are_packed_once(path, dev, monkeypatc
     def step():
         x.mul_(0.5).add_(0.25).sub_(0.125)
     made = []
-    real = packed_numbers.host_params
-    monkeypatch.setattr(packed_numbers, "host_params",
+    real = packed_numbers.number_vectors
+    monkeypatch.setattr(packed_numbers, "number_vectors",
                         lambda params, plan: made.append(1) or real(params, plan))
     expected = x.cpu()
     for _ in range(6):
@@ -151,8 +151,8 @@ def test_a_loops_own_number_objects_are_packed_once_and_new_ones_are_not_mistake
     x = torch.tensor([1.0, -2.0, 3.0])
     d = x.to(dev)
     made = []
-    real = packed_numbers.host_params
-    monkeypatch.setattr(packed_numbers, "host_params",
+    real = packed_numbers.number_vectors
+    monkeypatch.setattr(packed_numbers, "number_vectors",
                         lambda params, plan: made.append(1) or real(params, plan))
     half, quarter = 0.5, 0.25
 

@@ -65,11 +65,12 @@ def pack(fn, n: int, plan, donate: tuple):
 
 def host_params(params: list, plan) -> list:
     """The parameters as the packed executable takes them."""
-    arrays, groups = plan
-    ins = [params[i] for i in arrays]
-    for positions, dtype, _ in groups:
-        ins.append(np.array([params[i] for i in positions], dtype))
-    return ins
+    return [params[i] for i in plan[0]] + number_vectors(params, plan)
+
+
+def number_vectors(params: list, plan) -> list:
+    """The host vector of each kind of number, as the packed executable takes them."""
+    return [np.array([params[i] for i in positions], dtype) for positions, dtype, _ in plan[1]]
 
 
 class Packed:
@@ -97,15 +98,19 @@ class Packed:
     def __call__(self, *params):
         numbers = self._numbers(params)
         last = self._last
-        if last is None or not (all(map(operator.is_, last[0], numbers)) or (
-                _NUMBER_TYPES.issuperset(map(type, numbers)) and last[0] == numbers
-                and not ((self._complex or 0.0 in numbers) and not _exactly(last[0], numbers)))):
-            vectors = [jax.device_put(v)
-                       for v in host_params(params, self.plan)[len(self.plan[0]):]]
-            self._last = (numbers, vectors)
-        else:
+        if last is not None and self._same(last[0], numbers):
             vectors = last[1]
+        else:
+            vectors = [jax.device_put(v) for v in number_vectors(params, self.plan)]
+            self._last = (numbers, vectors)
         return self.executable(*self._arrays(params), *vectors)
+
+    def _same(self, old: tuple, new: tuple) -> bool:
+        if all(map(operator.is_, old, new)):
+            return True
+        if not _NUMBER_TYPES.issuperset(map(type, new)) or old != new:
+            return False          # device scalars only by identity; numbers by value
+        return not (self._complex or 0.0 in new) or _exactly(old, new)
 
     def __getattr__(self, name):          # as_text, memory_analysis, cost_analysis, ...
         return getattr(self.executable, name)
