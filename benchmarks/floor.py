@@ -68,6 +68,7 @@ def python_dispatches_per_step(workload, path: str) -> int:
     (after a warm-up step): the ops that cross into Python. Functionalization dispatches more
     than eager's ATen ops (it regenerates views and writes them back), legacy about as many."""
     import xla_compat as xc
+    from benchmarks.measure import _wait_lazy
     calls = [0]
 
     def count(frame, event, arg):
@@ -76,15 +77,13 @@ def python_dispatches_per_step(workload, path: str) -> int:
     with xc.use_path(path):
         program = workload.torch_program(xc.device())
         program.step()
-        xc.sync()
-        xc.wait_device_ops()
+        _wait_lazy()
         sys.setprofile(count)
         try:
             program.step()
         finally:
             sys.setprofile(None)
-        xc.sync()
-        xc.wait_device_ops()
+        _wait_lazy()
     return calls[0]
 
 
@@ -93,11 +92,11 @@ def traced_parts(workload, path: str, steps: int = 30, warmup: int = 5) -> tuple
     tracing the step, ``xc.sync()`` (collecting the graph, the cache lookup, dispatching the
     executable) and ``xc.wait_device_ops()`` (the rest of the execution)."""
     import xla_compat as xc
+    from benchmarks.measure import _wait_lazy
     parts: list = [[], [], []]
     with xc.use_path(path):
         program = workload.torch_program(xc.device())
-        xc.sync()
-        xc.wait_device_ops()
+        _wait_lazy()
         for i in range(warmup + steps):
             t0 = time.perf_counter()
             program.step()
