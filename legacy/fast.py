@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from xla_compat import _jax, metrics, settings
+from xla_compat import _jax
 from xla_compat.lazy import ir, tracer
 from xla_compat.lazy.ir import Node, ScalarParam, Slot, Value
 from xla_compat.lazy.tensor import lock
@@ -33,7 +33,7 @@ _COPY = object()
 tracer.plan_memos.extend([_VIEW_PLANS, _WRITE_PLANS])
 
 _NUMBER = (int, float, bool)     # the numbers a write plan lifts (see _kinds)
-_TENSOR, _SCALAR = 1, 2   # write-plan argument kinds (0: static, already in the template)
+_TENSOR, _SCALAR = tracer._TENSOR, tracer._SCALAR   # write-plan argument kinds (0: static)
 
 
 def _static(x, parts: list) -> bool:
@@ -150,19 +150,7 @@ def write(func, args):
 
 def _replay_write(plan: _WritePlan, dst, args):
     with lock:
-        inputs = []
-        for kind, x in zip(plan.kinds, args):
-            if kind == _TENSOR:
-                v = x._value
-                if type(v.node) is ir.Poisoned:
-                    raise v.node.error
-                inputs.append(v)
-            elif kind == _SCALAR:
-                inputs.append(Value(ScalarParam(x), 0))
-        node = Node(plan.op, plan.rule, plan.args, (), tuple(inputs), plan.avals,
-                    ir.user_frame() if settings.get().ir_debug else None, plan.sig)
-        metrics.bump("IrNodes")           # (the tracer lock is held)
-        dst._value = Value(node, 0)
+        dst._value = Value(tracer.plan_node(plan, args), 0)
     return dst
 
 

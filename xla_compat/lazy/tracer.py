@@ -639,18 +639,7 @@ def replay(cls, func, args, handled=False):
     if plan is None or not (handled or plan.first):
         return None
     with lock:
-        inputs = []
-        for kind, x in zip(plan.kinds, args):
-            if kind == _TENSOR:
-                v = x._value
-                if type(v.node) is _POISONED:
-                    raise v.node.error
-                inputs.append(v)
-            elif kind == _SCALAR:
-                inputs.append(Value(ScalarParam(x), 0))
-        node = Node(plan.op, plan.rule, plan.args, (), tuple(inputs), plan.avals,
-                    ir.user_frame() if settings.get().ir_debug else None, plan.sig)
-        metrics.bump("IrNodes")           # (the tracer lock is held)
+        node = plan_node(plan, args)
         if plan.single:
             m = plan.outs[0]
             t = cls(Value(node, 0), m.shape, m.dtype, m.stride, m.offset)
@@ -662,6 +651,25 @@ def replay(cls, func, args, handled=False):
             t._geo = plan.geos[i]
             outs.append(t)
         return tuple(outs)
+
+
+def plan_node(plan, args) -> Node:
+    """The node a plan (op, rule, argument template, ``kinds`` of the arguments, avals, interned
+    signature) builds on ``args``: their values where it takes tensors, new lifted numbers where
+    it takes numbers. Called with the tracer lock held."""
+    inputs = []
+    for kind, x in zip(plan.kinds, args):
+        if kind == _TENSOR:
+            v = x._value
+            if type(v.node) is _POISONED:
+                raise v.node.error
+            inputs.append(v)
+        elif kind == _SCALAR:
+            inputs.append(Value(ScalarParam(x), 0))
+    node = Node(plan.op, plan.rule, plan.args, (), tuple(inputs), plan.avals,
+                ir.user_frame() if settings.get().ir_debug else None, plan.sig)
+    metrics.bump("IrNodes")           # (the tracer lock is held)
+    return node
 
 
 # A tensor's geometry is cached on it (``_geo``, set from its plan or at first use, forgotten by
