@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from xla_compat import _jax, metrics, settings
+from xla_compat import _jax
 from xla_compat.lazy import ir, tracer
-from xla_compat.lazy.ir import Aval, Node, Slot, Value
+from xla_compat.lazy.ir import Aval, Slot, Value
 from xla_compat.lazy.tensor import LazyTensor, lock
 from xla_compat.lowering import registry
 from xla_compat.lowering.boxes import Box, Permute, Select, Slice, compose
@@ -183,10 +183,7 @@ _POISONED = ir.Poisoned
 
 
 def _node(op: str, rule, inputs: tuple, aval: Aval, sig=None) -> Value:
-    source = ir.user_frame() if settings.get().ir_debug else None
-    node = Node(op, rule, _SLOTS[len(inputs) - 1], (), inputs, (aval,), source, sig)
-    metrics.bump("IrNodes")        # (the tracer lock is held)
-    return Value(node, 0)
+    return Value(tracer.traced_node(op, rule, _SLOTS[len(inputs) - 1], inputs, (aval,), sig), 0)
 
 
 # Memos: the same few chains and boxes come back on every step of a loop (cleared with the
@@ -431,10 +428,7 @@ def _plain(func, args, kwargs, info) -> Value:
     for v in inputs:
         if type(v.node) is _POISONED:
             raise v.node.error
-    source = ir.user_frame() if settings.get().ir_debug else None
-    node = Node(op, rule, template, (), inputs, avals, source, sig)
-    metrics.bump("IrNodes")        # (the tracer lock is held)
-    return Value(node, 0)
+    return Value(tracer.traced_node(op, rule, template, inputs, avals, sig), 0)
 
 
 def _scatter(func, args, kwargs, y, src, info) -> Value:

@@ -666,9 +666,15 @@ def plan_node(plan, args) -> Node:
             inputs.append(v)
         elif kind == _SCALAR:
             inputs.append(Value(ScalarParam(x), 0))
-    node = Node(plan.op, plan.rule, plan.args, (), tuple(inputs), plan.avals,
-                ir.user_frame() if settings.get().ir_debug else None, plan.sig)
-    metrics.bump("IrNodes")           # (the tracer lock is held)
+    return traced_node(plan.op, plan.rule, plan.args, tuple(inputs), plan.avals, plan.sig)
+
+
+def traced_node(op: str, rule, template: tuple, inputs: tuple, avals: tuple, sig) -> Node:
+    """A new node of the user's program (keyword-free template), its source line recorded when
+    XLA_IR_DEBUG is on and counted in IrNodes. Called with the tracer lock held."""
+    node = Node(op, rule, template, (), inputs, avals,
+                ir.user_frame() if settings.get().ir_debug else None, sig)
+    metrics.bump("IrNodes")
     return node
 
 
