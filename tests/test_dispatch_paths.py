@@ -1,7 +1,11 @@
 """The dispatch layer over the real legacy and functional paths."""
 from __future__ import annotations
 
+import gc
 import operator
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,3 +105,63 @@ def test_a_training_step_under_each_path_matches_cpu(path, dev):
     xc.sync()
     assert all(paths.of(p) == path for p in dmodel.parameters())
     assert_same(list(dmodel.parameters()), [p.detach() for p in model.parameters()])
+
+
+
+def _legacy_checks_mutations() -> bool:
+    from legacy.tensor import LegacyTensor
+    return "__torch_function__" in LegacyTensor.__dict__
+
+
+def test_the_mix_guard_stays_while_a_functional_tensor_lives(dev):
+    with xc.use_path("legacy"):
+        a = torch.ones(3, 3, device=dev)
+    with xc.use_path("functional"):
+        b = torch.arange(9.0).reshape(3, 3).to(dev)
+        c = b * 2                      # a wrapper made by an op, not by a factory
+    del b
+    gc.collect()
+    xc.sync()
+    assert _legacy_checks_mutations()           # c still lives: legacy tensors may meet it
+    with pytest.raises(PathMixError):
+        a.add_(c)
+    assert_same(a, torch.ones(3, 3))
+
+
+_GUARD_GOES = """
+import gc, torch
+import xla_compat as xc
+from legacy.tensor import LegacyTensor
+from xla_compat.lazy.tracer import PathMixError
+checks = lambda: "__torch_function__" in LegacyTensor.__dict__
+dev = xc.device()
+with xc.use_path("legacy"):
+    a = torch.ones(3, 3, device=dev)
+assert not checks()                         # one path only: no Python call per torch function
+with xc.use_path("functional"):
+    c = torch.arange(9.0).reshape(3, 3).to(dev) * 2
+assert checks()
+del c
+gc.collect()
+xc.sync()
+assert not checks(), "no functional tensor left, the check should be off"
+a.add_(1)
+with xc.use_path("functional"):
+    d = torch.ones(3, 3, device=dev)        # a new wrapper turns the check back on
+assert checks()
+try:
+    a.add_(d)
+except PathMixError:
+    pass
+else:
+    raise AssertionError("mixing paths after the guard came back did not raise")
+assert torch.equal(a.cpu(), torch.full((3, 3), 2.0))
+print("ok")
+"""
+
+
+def test_the_mix_guard_goes_with_the_last_functional_tensor_and_comes_back_with_the_next():
+    # A process of its own: other tests leave functional tensors alive in this one.
+    proc = subprocess.run([sys.executable, "-c", _GUARD_GOES], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

@@ -19,6 +19,7 @@ import jax
 
 from . import metrics, packed_numbers, settings, sharding
 from .lazy import ir, rng
+from .lazy import tensor as _tensor
 from .lazy.ir import DeviceData, Node, Poisoned, ScalarParam, Value
 from .lazy.tensor import LazyTensor, live_tensors, lock
 from .lazy.tracer import LoweringError, fill
@@ -468,6 +469,7 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
         full = tensors is None
         if full:
             tensors = live_tensors()
+            _tensor.settle_mix_guard(tensors)
         pending = [t for t in tensors if not t._value.node.is_leaf]
         roots: list[Value] = []
         seen = set()

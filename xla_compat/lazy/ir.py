@@ -274,10 +274,14 @@ class Source(tuple):
 _new_source = tuple.__new__
 
 
-def user_frame():
+def user_frame(depth: int = 2):
     """The user's frame that is tracing (the first outside torch and the library), as a
-    ``Source``."""
-    f = sys._getframe(2)
+    ``Source``. The search starts ``depth`` frames up from this function (2: its caller's
+    caller); a caller that knows the frames above it are library code skips them."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:            # a shorter stack than the caller said
+        return None
     library = _LIBRARY_FILE
     while f is not None:
         code = f.f_code

@@ -162,6 +162,7 @@ def guard_mixed_mutations(cls):
     """Class decorator: ``cls`` checks mutations for path mixing once ``paths_may_mix()``."""
     _mix_guarded.append(cls)
     if _paths_may_mix:
+        _unguarded[cls] = cls.__dict__.get("__torch_function__")
         cls.__torch_function__ = classmethod(path_checking_torch_function)
     return cls
 
@@ -173,7 +174,32 @@ def paths_may_mix() -> None:
         return
     _paths_may_mix = True
     for cls in _mix_guarded:
+        _unguarded[cls] = cls.__dict__.get("__torch_function__")
         cls.__torch_function__ = classmethod(path_checking_torch_function)
+
+
+_unguarded: dict = {}     # guarded class -> its own __torch_function__ before (None: inherited)
+
+
+def settle_mix_guard(live: list) -> None:
+    """After a full sync (``live``: every tensor of the live registry): when none of them is a
+    path's tensor any more (the registry lists the core's and the functional path's inner
+    tensors, and every functional wrapper keeps its inner tensor alive), no other path's tensor
+    is left to meet a guarded one, and the guarded classes stop paying a Python call per torch
+    function. The next wrapper a path makes turns the check back on (``paths_may_mix``)."""
+    global _paths_may_mix
+    if not _paths_may_mix:
+        return
+    for t in live:
+        if type(t) is not LazyTensor:
+            return
+    _paths_may_mix = False
+    for cls in _mix_guarded:
+        own = _unguarded.pop(cls, None)
+        if own is not None:
+            cls.__torch_function__ = own
+        elif "__torch_function__" in cls.__dict__:
+            del cls.__torch_function__      # back to the inherited default
 
 def live_tensors() -> list[LazyTensor]:
     return _live.values()

@@ -570,7 +570,8 @@ def _plan_key(cls, func, args):
     parts = [id(func), cls]
     for x in args:
         if type(x) is cls:
-            parts.append(geometry(x))
+            g = x._geo                     # geometry(x), inline: this runs for every op
+            parts.append(g if g is not None and not CHECK_GEOMETRY else _geometry_of(x))
         else:
             k = static_key(x)
             if k is NO_KEY:
@@ -639,24 +640,32 @@ def replay(cls, func, args, handled=False):
     if plan is None or not (handled or plan.first):
         return None
     with lock:
-        node = plan_node(plan, args)
+        node = plan_node(plan, args, 3)     # past replay's caller (a __torch_dispatch__)
         if plan.single:
             m = plan.outs[0]
-            t = cls(Value(node, 0), m.shape, m.dtype, m.stride, m.offset)
+            t = cls(_value_of(node, 0), m.shape, m.dtype, m.stride, m.offset)
             t._geo = plan.geos[0]
             return t
         outs = []
         for i, m in enumerate(plan.outs):
-            t = cls(Value(node, i), m.shape, m.dtype, m.stride, m.offset)
+            t = cls(_value_of(node, i), m.shape, m.dtype, m.stride, m.offset)
             t._geo = plan.geos[i]
             outs.append(t)
         return tuple(outs)
 
 
-def plan_node(plan, args) -> Node:
+def _value_of(node: Node, index: int) -> Value:
+    """``Value(node, index)`` without the named tuple's Python-level ``__new__`` (per traced op)."""
+    return _new_tuple(Value, (node, index))
+
+
+_new_tuple = tuple.__new__
+
+
+def plan_node(plan, args, depth: int = 1) -> Node:
     """The node a plan (op, rule, argument template, ``kinds`` of the arguments, avals, interned
     signature) builds on ``args``: their values where it takes tensors, new lifted numbers where
-    it takes numbers. Called with the tracer lock held."""
+    it takes numbers. Called with the tracer lock held; ``depth`` as for ``traced_node``."""
     inputs = []
     for kind, x in zip(plan.kinds, args):
         if kind == _TENSOR:
@@ -665,16 +674,23 @@ def plan_node(plan, args) -> Node:
                 raise v.node.error
             inputs.append(v)
         elif kind == _SCALAR:
-            inputs.append(Value(ScalarParam(x), 0))
-    return traced_node(plan.op, plan.rule, plan.args, tuple(inputs), plan.avals, plan.sig)
+            inputs.append(_new_tuple(Value, (ScalarParam(x), 0)))
+    return traced_node(plan.op, plan.rule, plan.args, tuple(inputs), plan.avals, plan.sig,
+                       depth + 1)
 
 
-def traced_node(op: str, rule, template: tuple, inputs: tuple, avals: tuple, sig) -> Node:
+_COUNTERS = metrics._counters
+
+
+def traced_node(op: str, rule, template: tuple, inputs: tuple, avals: tuple, sig,
+                depth: int = 1) -> Node:
     """A new node of the user's program (keyword-free template), its source line recorded when
-    XLA_IR_DEBUG is on and counted in IrNodes. Called with the tracer lock held."""
+    XLA_IR_DEBUG is on and counted in IrNodes. Called with the tracer lock held. The search for
+    the user's line starts ``depth`` frames up from this function (1: its caller); a caller
+    that knows the frames above it are library code passes more."""
     node = Node(op, rule, template, (), inputs, avals,
-                ir.user_frame() if settings.get().ir_debug else None, sig)
-    metrics.bump("IrNodes")
+                ir.user_frame(depth + 1) if settings.get().ir_debug else None, sig)
+    _COUNTERS["IrNodes"] += 1         # metrics.bump, inline: the tracer lock is held
     return node
 
 
