@@ -86,7 +86,35 @@ class Alias:
         just = self._just_written(chain)
         if just is not None and just.aval == aval:
             return just                   # a read of what was just written there: that value
+        moved = self._written_elsewhere(chain, aval)
+        if moved is not None:
+            return moved
         return _node("legacy.view", views.ReadChain(chain), (base,), aval)
+
+    def _written_elsewhere(self, chain: tuple, aval: Aval):
+        """A read through ``chain`` of exactly the elements the base's newest write put through
+        another chain (``x[:, t:t+1] = v`` then ``x.transpose(1, 2)[..., t]``): that value,
+        rearranged, without reading the base (whose update then need not finish first)."""
+        node = self.base.node
+        if node.op != "legacy.write":
+            return None
+        pair = views.same_elements(self.base.aval.shape, node.rule.chain, chain)
+        if pair is None:
+            return None
+        written = node.inputs[1]
+        if (written.aval.dtype != aval.dtype or tuple(written.aval.shape) != pair[0].shape
+                or tuple(aval.shape) != pair[1].shape):
+            return None
+        return _node("legacy.rebox", views.Rebox(*pair), (written,), aval)
+
+    def _overwritten_base(self, chain: tuple):
+        """The base before its newest write, when a write through ``chain`` covers every element
+        that write changed (so it is dead: one update of the base instead of two); else None."""
+        node = self.base.node
+        if (node.op == "legacy.write" and self.sharding is None
+                and views.same_elements(self.base.aval.shape, node.rule.chain, chain)):
+            return node.inputs[0]
+        return None
 
     def _just_written(self, chain: tuple):
         """The value the base's last write put through ``chain`` (an injective one), when that
@@ -109,11 +137,17 @@ class Alias:
             self.base = value
             if type(value.node) is DeviceData:
                 self.last = value
-        elif self.pending and self.pending[-1][0] == chain and views.injective(chain):
-            # Consecutive writes through one chain collapse (not through an overlapping view:
-            # its write-back counts the elements each write changed).
+        elif self.pending and (self.pending[-1][0] == chain and views.injective(chain)
+                               or views.same_elements(self.base.aval.shape,
+                                                      self.pending[-1][0], chain)):
+            # Consecutive writes through one chain (or two chains of the same elements)
+            # collapse (not through an overlapping view: its write-back counts the elements
+            # each write changed).
             self.pending[-1] = (chain, value)
         else:
+            earlier = None if self.pending else self._overwritten_base(chain)
+            if earlier is not None:
+                self.base = earlier       # the base's newest write is overwritten whole
             self.pending.append((chain, value))
         self.gen += 1
         return self.gen

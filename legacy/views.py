@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from xla_compat.lazy.tracer import keep
 from xla_compat.lowering import boxes
 from xla_compat.lowering.views import _bitcast, diag_index, write_positions
 
@@ -287,6 +288,59 @@ def _box(chain: tuple, shape: tuple):
     if len(chain) < 2 or not all(isinstance(s, (Permute, Select, Slice)) for s in chain):
         return None
     return boxes.compose(tuple(shape), chain)
+
+
+def box_of(chain: tuple, shape: tuple):
+    """The box of a base of ``shape`` that a non-empty chain of permutes, selects and slices
+    views, else None."""
+    if not chain or not all(isinstance(s, (Permute, Select, Slice)) for s in chain):
+        return None
+    return boxes.compose(tuple(shape), chain)
+
+
+def same_elements(shape: tuple, a: tuple, b: tuple):
+    """``(box of a, box of b)`` where chains ``a`` and ``b`` view exactly the same (non-empty)
+    set of elements of a base of ``shape``, else None. Each element then sits at one place in
+    each view: a value written through ``a`` is, rearranged, what ``b`` reads (``Rebox``), and a
+    write through ``b`` overwrites all of it.
+
+    Asked on reads and writes of a storage whose last write went through another chain (a
+    decode loop: every position); remembered by the identity of the steps (a replayed view
+    reuses its plan's step objects), which the memo keeps alive so no id is reused while it
+    holds it. Hashing the steps themselves (Python-level dataclass hashes) cost more than the
+    answer."""
+    key = (shape, tuple(map(id, a)), tuple(map(id, b)))
+    hit = _SAME.get(key)
+    if hit is not None:
+        return hit[2]
+    return keep(_SAME, key, (a, b, _same_elements(shape, a, b)), 4096)[2]
+
+
+_SAME: dict = {}
+
+
+def _same_elements(shape: tuple, a: tuple, b: tuple):
+    if a == b:
+        return None              # callers handle the same chain themselves
+    box_a = box_of(a, shape)
+    if box_a is None or not box_a.positions:
+        return None
+    box_b = box_of(b, shape)
+    if box_b is None or box_b.positions != box_a.positions:
+        return None
+    return box_a, box_b
+
+
+@dataclass(frozen=True)
+class Rebox:
+    """IR rule: a value written through box ``src``, as box ``dst`` of the same elements reads
+    it (a reshape and a transpose of the view-sized value; the base is not read)."""
+
+    src: boxes.Box
+    dst: boxes.Box
+
+    def __call__(self, value):
+        return self.dst.from_box_layout(self.src.to_box_layout(value))
 
 
 def read(base, chain: tuple):

@@ -109,7 +109,7 @@ def test_a_training_step_under_each_path_matches_cpu(path, dev):
 
 
 def _legacy_checks_mutations() -> bool:
-    from legacy.tensor import LegacyTensor
+    from xla_compat.legacy.tensor import LegacyTensor
     return "__torch_function__" in LegacyTensor.__dict__
 
 
@@ -131,7 +131,7 @@ def test_the_mix_guard_stays_while_a_functional_tensor_lives(dev):
 _GUARD_GOES = """
 import gc, torch
 import xla_compat as xc
-from legacy.tensor import LegacyTensor
+from xla_compat.legacy.tensor import LegacyTensor
 from xla_compat.lazy.tracer import PathMixError
 checks = lambda: "__torch_function__" in LegacyTensor.__dict__
 dev = xc.device()
