@@ -24,6 +24,7 @@ from .views import Layout
 
 # Every live LegacyTensor (the executor never sees them; the path's sync hooks walk this).
 _tensors = WeakRegistry()
+_new_tuple = tuple.__new__
 # The value a view holds before it is first read (never handed to the core: reads re-derive).
 _UNREAD = Value(Node("legacy.unread", None, (), (), (), ()), 0)
 
@@ -41,7 +42,8 @@ class LegacyTensor(LazyTensor):
         t = LazyTensor.__new__(cls, value, shape, dtype, strides, storage_offset, requires_grad)
         _tensors.add(id(t), t)
         if alias is None:
-            layout = (Layout(tuple(shape), tuple(strides), storage_offset)
+            # (a new storage per traced op: the named tuple built without its Python __new__)
+            layout = (_new_tuple(Layout, (tuple(shape), tuple(strides), storage_offset))
                       if strides is not None and storage_offset is not None else
                       Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset()))
             alias = Alias(value, layout)
