@@ -20,6 +20,7 @@ from .writes import FunctionalizationLimit
 from . import writes_eager as _writes_eager
 from . import eager_resize as _eager_resize
 from . import checks as _checks
+from . import direct as _direct
 
 VERSION = "1"
 
@@ -36,6 +37,7 @@ _boundary.install()
 _writes_eager.install()
 _eager_resize.install()
 _checks.install()
+_direct.install()
 _paths.register(IMPL)
 _executor.register_rebinder(_after_sync)
 _executor.register_failure_hook(_roll_back)

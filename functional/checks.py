@@ -56,7 +56,7 @@ from xla_compat.lazy import tracer
 from xla_compat.lowering.views import expanded, surely_distinct
 from xla_compat.write_checks import OutOp, meta_twins as _twins, tensors as _tensors
 
-from . import writes_eager
+from . import direct, writes_eager
 from .inner import _HANDLERS, _state, forget_plans, handles
 from .strides import storage_extent
 
@@ -222,7 +222,8 @@ def _copy_functionalize(keyset, self, src, non_blocking=False):
     if (type(src) is torch.Tensor and _is_functional(src) and _is_functional(self)
             and src.shape == self.shape and src.dtype == self.dtype and src.device == self.device
             and _distinct(self)):
-        return _copy_of_equal_shape(self, src, non_blocking)
+        done = direct.copy(self, src)     # through the root, where it can (direct.py)
+        return done if done is not None else _copy_of_equal_shape(self, src, non_blocking)
     return _copy_upstream.call_boxed(keyset, self, src, non_blocking)
 
 

@@ -136,6 +136,11 @@ class Chain:
         return f"Chain({self.aval.shape}, {self.steps})"
 
 
+def chain(aval: Aval, steps: tuple) -> Chain:
+    """The interned chain of view ``steps`` from a root of ``aval``."""
+    return _chain(aval, steps)
+
+
 def _chain(aval: Aval, steps: tuple, parent=None) -> Chain:
     key = (aval, steps)
     c = _CHAINS.get(key)
@@ -397,26 +402,60 @@ def _view(func, args, kwargs, x, info) -> Value:
             return read_value(root, c)           # the step undid the chain's last one
     else:
         c = info.first or first(root, info)
-    note = root.node.note
-    w = note[1:] if note is not None and root.index == 0 and note[0] is _WRITE else None
-    if w is not None:
-        wrote = w[2]
-        box = c.box
-        if box.positions == wrote.box.positions:
-            src = _copied(w[1])
-            if same_box(box, wrote.box) and src.aval.dtype == root.aval.dtype:
-                return src
-            made = c.relayouts.get(wrote)
-            if made is None:
-                rule = Relayout(wrote.box, box)
-                made = tracer.keep(c.relayouts, wrote, (rule, Aval(box.shape, root.aval.dtype)),
-                                   256)
-            return _node("functional.relayout", made[0], (src,), made[1])
+    written = _read_written(root, c)
+    if written is not None:
+        return written
     if len(c.steps) > 1:
         return read_value(root, c)               # one node reads the whole chain from the root
     value = _plain(func, args, kwargs, info)
     value.node.note = (_READ, root, c)
     return value
+
+
+def read(root: Value, c: Chain) -> Value:
+    """The view ``c`` of ``root``: the source of a write of exactly these elements (re-laid out
+    if it went through another chain), else one node reading the chain. Called with the tracer
+    lock held."""
+    written = _read_written(root, c)
+    return written if written is not None else read_value(root, c)
+
+
+def _read_written(root: Value, c: Chain):
+    """Where ``root`` is a write of exactly the elements ``c`` views, what was written there (a
+    relayout where the write went through another chain); None otherwise."""
+    note = root.node.note
+    if note is None or root.index != 0 or note[0] is not _WRITE:
+        return None
+    wrote, box = note[3], c.box
+    if box.positions != wrote.box.positions:
+        return None
+    src = _copied(note[2])
+    if src.aval.dtype != root.aval.dtype:
+        return None                              # (the write cast it: read the root)
+    if same_box(box, wrote.box):
+        return src
+    made = c.relayouts.get(wrote)
+    if made is None:
+        made = tracer.keep(c.relayouts, wrote,
+                           (Relayout(wrote.box, box), Aval(box.shape, root.aval.dtype)), 256)
+    return _node("functional.relayout", made[0], (src,), made[1])
+
+
+def write(root: Value, src: Value, c: Chain) -> Value:
+    """``root`` with ``src`` written through ``c``: one update of the root, none where it writes
+    back what is there or repeats the write below it, replacing a write below of the same
+    elements. Called with the tracer lock held."""
+    below = write_of(root)
+    box = c.box
+    value = _copied(src)
+    s_root, s_chain = chain_of(value)
+    if s_root == root and s_chain is not None and same_box(s_chain.box, box):
+        return root                              # writing back what is there
+    if below is not None and same_box(below[2].box, box) and _copied(below[1]) == value:
+        return root                              # the same write again
+    if below is not None and below[2].box.positions == box.positions:
+        return write_value(below[0], src, c)     # overwrites the write below
+    return write_value(root, src, c)
 
 
 def _plain(func, args, kwargs, info) -> Value:
@@ -439,15 +478,4 @@ def _scatter(func, args, kwargs, y, src, info) -> Value:
         value = _plain(func, args, kwargs, info)
         value.node.note = (_WRITE, root, src._value, c)
         return value
-    box = c.box
-    value = _copied(src._value)
-    s_root, s_chain = chain_of(value)
-    if s_root == root and s_chain is not None and same_box(s_chain.box, box):
-        written = root                           # writing back what is there
-    elif below is not None and same_box(below[2].box, box) and _copied(below[1]) == value:
-        written = root                           # the same write again
-    elif below is not None and below[2].box.positions == box.positions:
-        written = write_value(below[0], src._value, c)   # overwrites the write below
-    else:
-        written = write_value(root, src._value, c)
-    return read_value(written, c.parent)
+    return read_value(write(root, src._value, c), c.parent)

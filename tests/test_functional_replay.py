@@ -55,7 +55,9 @@ def test_kv_cache_writes_replayed_on_the_second_call_match_eager(dev, replays):
         g = torch.Generator().manual_seed(0)
         _twice(_kv, lambda: (torch.randn(2, 3, 8, 4, generator=g),
                              torch.randn(2, 3, 8, 4, generator=g)), dev, atol=1e-4)
-    assert "aten.select_scatter.default" in replays and "aten.transpose_copy.int" in replays
+    # (the writes themselves go through the cache's root wrapper, direct.py: no scatter reaches
+    # the inner tensor; the views they write are born from replayed view copies)
+    assert "aten.transpose_copy.int" in replays and "aten.select_copy.int" in replays
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])

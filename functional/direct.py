@@ -1,0 +1,300 @@
+"""Writes through views as ONE update of their root wrapper, without regenerating views (issue 8).
+
+Upstream's Functionalize kernel for an in-place op on a view syncs the view (it replays each
+pending update of the storage, one inner op per view step and its inverse, then regenerates the
+view from the base, one inner op per step), runs the op, queues the new value with the view's
+steps and syncs the view again; ``copy_`` does much the same. A fresh view is born out of date
+(its generation is 0, its storage's is not), so each of those syncs dispatches inner ops although
+the values are known. torch 2.13 gives Python no way to make a view up to date (a wrapper's
+generation is set only by regenerating it), so these kernels do not sync views at all:
+
+* a view of a *root* wrapper (no view steps, contiguous, offset 0, one storage: its ``_base``)
+  is read from the root's value through the view's chain (``viewchain.read``: one node, or the
+  source of the write that just wrote those elements);
+* the op runs on that value (one inner dispatch; none for ``copy_``);
+* the root takes its value with the result written through the chain (``viewchain.write``: one
+  node) and commits it as an update WITHOUT view steps, which applying costs no inner op.
+
+Every other wrapper of the storage, the written view included, is out of date after that commit,
+as upstream leaves it, and regenerates from the root whenever upstream next reads it; nothing
+else of the wrapper's bookkeeping changes. ``copy_`` between two views of one storage with the
+same layout is no write at all (eager returns early there too).
+
+Taken only for functional hlo wrappers outside inference mode with no tensor requiring grad,
+where the view's steps are select/slice/transpose/permute/t from a plain root (the chain, memoised
+by the root's and view's layouts and the steps, is checked against the view's strides and
+offset); in-place ops: ``add_``/``sub_`` (alpha 1), ``mul_``, ``div_`` (no rounding mode) of a
+non-bool, non-complex view by a number or a functional hlo tensor of another storage, whose
+result (from the functional op on meta twins) has the view's shape and dtype, into a view without
+self-overlap. Everything else is upstream's kernel; so is every eager error.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch._C._functionalization import get_view_meta_sequence as _metas
+
+from xla_compat import _jax
+from xla_compat.lazy import tracer
+from xla_compat.lazy.ir import Aval
+from xla_compat.lazy.tensor import lock
+from xla_compat.lowering.boxes import compose
+from xla_compat.lowering.views import surely_distinct
+
+from . import viewchain
+from .inner import FunctionalInner
+from .strides import meta_like
+
+aten = torch.ops.aten
+# (torch._sync is a Python function around this one, for torch.compile's FunctionalTensor)
+_sync, _from = torch._functionalize_sync, torch._from_functional_tensor
+_replace, _commit = torch._functionalize_replace, torch._functionalize_commit_update
+_is_functional = torch._is_functional_tensor
+_inference = torch.is_inference_mode_enabled
+_MEMO_LIMIT = 4096
+
+
+# -- a view's chain from its root -------------------------------------------------------------------
+
+# ViewMeta kind -> (the view copy whose step it takes, its argument names); args follow the
+# three fields every ViewMeta tuple starts with (symbolic inputs, multi-output, inverse mode).
+_STEPS = {
+    "slice_Tensor_ViewMeta": (aten.slice_copy.Tensor, ("dim", "start", "end", "step")),
+    "select_int_ViewMeta": (aten.select_copy.int, ("dim", "index")),
+    "transpose_int_ViewMeta": (aten.transpose_copy.int, ("dim0", "dim1")),
+    "permute_ViewMeta": (aten.permute_copy.default, ("dims",)),
+    "t_ViewMeta": (aten.t_copy.default, ()),
+}
+
+
+# (root layout, view layout, kinds of its steps) -> the view's Chain from the root, or None (not
+# taken). The steps' arguments are not in the key: from a contiguous root at offset 0 the view's
+# strides and offset say which elements it holds, whatever steps put it there (the first chain
+# found for a key is checked against them).
+_CHAINS: dict = {}
+tracer.plan_memos.append(_CHAINS)
+
+
+def root(w):
+    """(root wrapper, Chain from it to ``w``) for a view ``w`` of a plain root, else None."""
+    base = w._base
+    if base is None or not _is_functional(base):
+        return None
+    metas = _metas(w)
+    if not metas or _metas(base) or base.untyped_storage()._cdata != w.untyped_storage()._cdata:
+        return None
+    key = (base.shape, base.stride(), base.storage_offset(), base.dtype,
+           w.shape, w.stride(), w.storage_offset(), w.dtype, tuple(map(type, metas)))
+    c = _CHAINS.get(key, _CHAINS)
+    if c is _CHAINS:
+        c = tracer.keep(_CHAINS, key, _chain(base, w, metas), _MEMO_LIMIT)
+    return None if c is None else (base, c)
+
+
+def _chain(base, w, metas):
+    """The chain of ``w``'s steps from ``base``, where each is one viewchain knows and they put
+    ``w`` where its strides and offset say (in a contiguous root from offset 0); else None."""
+    shape = tuple(base.shape)
+    if (base.dtype != w.dtype or base.storage_offset() != 0 or not base.is_contiguous()
+            or w.numel() == 0):
+        return None
+    steps = []
+    for m in metas:
+        kind = _STEPS.get(type(m).__name__)
+        fields = m.as_tuple()
+        if kind is None or len(fields) != 3 + len(kind[1]) or any(fields[:2]):
+            return None
+        func, names = kind
+        step = viewchain._step(func, dict(zip(names, fields[3:])),
+                               compose(shape, tuple(steps)).shape)
+        if step is None:
+            return None
+        steps.append(step)
+    c = viewchain.chain(Aval(shape, _jax.to_jax_dtype(base.dtype)), tuple(steps))
+    box = c.box
+    root_strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        root_strides[d] = root_strides[d + 1] * shape[d + 1]
+    offset = sum(d[0] * s for d, s in zip(box.dims, root_strides))
+    strides = [box.dims[b][2] * root_strides[b] for b in box.order]
+    if (box.shape != tuple(w.shape) or offset != w.storage_offset()
+            or any(n > 1 and s != t for n, s, t in zip(w.shape, strides, w.stride()))):
+        return None
+    return c
+
+
+# -- values -----------------------------------------------------------------------------------------
+
+def value_of(w):
+    """The current IR value of functional wrapper ``w``: through its root where it is a view of a
+    plain root (no inner op), else as upstream syncs it."""
+    r = root(w)
+    if r is None:
+        _sync(w)
+        return _from(w)._value
+    base, c = r
+    _sync(base)
+    with lock:
+        return viewchain.read(_from(base)._value, c)
+
+
+def _commit_root(base, value) -> None:
+    """The root wrapper ``base`` holds ``value`` now: an update without view steps."""
+    _replace(base, FunctionalInner(value, tuple(base.shape), base.dtype, base.stride(),
+                                   base.storage_offset()))
+    _commit(base)
+
+
+# -- copy_ ------------------------------------------------------------------------------------------
+
+def copy(self, src):
+    """``self.copy_(src)`` for functional hlo wrappers of equal shape and dtype, ``self`` without
+    self-overlap and no partial overlap between them (the caller checked): ``self``, or None
+    where upstream's kernel must run."""
+    if (src.untyped_storage()._cdata == self.untyped_storage()._cdata
+            and src.stride() == self.stride() and src.storage_offset() == self.storage_offset()
+            and src.is_conj() == self.is_conj() and src.is_neg() == self.is_neg()):
+        return self                   # the same elements: eager exits early, nothing changes
+    if self.requires_grad or src.requires_grad or _inference() or self.device.type != "hlo":
+        return None
+    if not _metas(self):
+        value = value_of(src)         # a whole root: its new value is the source's
+        _commit_root(self, value)
+        return self
+    r = root(self)
+    if r is None:
+        return None
+    base, c = r
+    value = value_of(src)
+    _sync(base)
+    with lock:
+        written = viewchain.write(_from(base)._value, value, c)
+    _commit_root(base, written)
+    return self
+
+
+# -- pointwise in-place ops -------------------------------------------------------------------------
+
+# in-place overload -> (its functional op, the Scalar overload's in-place op for a number)
+_IN_PLACE = {
+    aten.add_.Tensor: (aten.add.Tensor, aten.add_.Scalar),
+    aten.add_.Scalar: (aten.add.Scalar, None),
+    aten.sub_.Tensor: (aten.sub.Tensor, aten.sub_.Scalar),
+    aten.sub_.Scalar: (aten.sub.Scalar, None),
+    aten.mul_.Tensor: (aten.mul.Tensor, aten.mul_.Scalar),
+    aten.mul_.Scalar: (aten.mul.Scalar, None),
+    aten.div_.Tensor: (aten.div.Tensor, aten.div_.Scalar),
+    aten.div_.Scalar: (aten.div.Scalar, None),
+}
+_NUMBERS = (int, float)
+# (functional op, view layout, what other is) -> may the fast route take it
+_TAKEN: dict = {}
+tracer.plan_memos.append(_TAKEN)
+
+
+def _other_kind(self, other):
+    """What decides the checks about ``other``: its number type, or a functional hlo tensor's
+    shape and dtype (None: not taken)."""
+    if type(other) in _NUMBERS:
+        return type(other)
+    if (type(other) is torch.Tensor and _is_functional(other) and not other.requires_grad
+            and other.device.type == "hlo"
+            and other.untyped_storage()._cdata != self.untyped_storage()._cdata):
+        return (other.shape, other.dtype)
+    return None
+
+
+def _takes(functional, self, other) -> bool:
+    """No eager check can fail: a real, non-bool view without self-overlap, and the functional
+    op (on meta twins) gives the view's shape and dtype."""
+    if self.dtype is torch.bool or self.dtype.is_complex:
+        return False
+    if not surely_distinct(tuple(self.shape), self.stride()):
+        return False
+    twin = other if type(other) in _NUMBERS else meta_like(other)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = functional(meta_like(self), twin)
+    except Exception:   # noqa: BLE001 - eager raises: upstream's kernel says how
+        return False
+    return out.dtype == self.dtype and out.shape == self.shape
+
+
+def in_place(functional, self, other):
+    """``self.op_(other)`` through ``self``'s root (``functional``: the op's functional form),
+    or None where upstream's kernel must run."""
+    if self.requires_grad or _inference() or self.device.type != "hlo":
+        return None
+    kind = _other_kind(self, other)
+    if kind is None:
+        return None
+    key = (functional, self.shape, self.stride(), self.dtype, kind)
+    ok = _TAKEN.get(key)
+    if ok is None:
+        ok = tracer.keep(_TAKEN, key, _takes(functional, self, other), _MEMO_LIMIT)
+    if not ok:
+        return None
+    r = root(self)
+    if r is None:
+        return None
+    base, c = r
+    if type(other) is torch.Tensor:
+        other = FunctionalInner(value_of(other), tuple(other.shape), other.dtype)
+    _sync(base)
+    with lock:
+        value = viewchain.read(_from(base)._value, c)
+    out = _run(functional, (FunctionalInner(value, tuple(self.shape), self.dtype), other))
+    with lock:
+        written = viewchain.write(_from(base)._value, out._value, c)
+    _commit_root(base, written)
+    return self
+
+
+_modes = torch._C._len_torch_dispatch_stack
+_INNER = (FunctionalInner,)
+
+
+def _run(func, args):
+    """``func`` on inner tensors: straight into their dispatch (where the dispatcher would send
+    it) unless a dispatch mode is active, which must see it."""
+    if _modes():
+        return func(*args)
+    return FunctionalInner.__torch_dispatch__(func, _INNER, args, None)
+
+
+def _kernel(op, functional, scalar_op):
+    upstream = torch.library.get_kernel(op, "Functionalize")
+    numbers = torch.library.get_kernel(scalar_op, "Functionalize") if scalar_op else None
+
+    def kernel(keyset, self, other, *rest, **kwargs):
+        alpha = rest[0] if rest else kwargs.get("alpha", 1)
+        if (type(alpha) is int and alpha == 1 and len(rest) + len(kwargs) <= 1
+                and type(self) is torch.Tensor and _is_functional(self)):
+            done = in_place(functional, self, other)
+            if done is not None:
+                return done
+        if numbers is not None and not isinstance(other, torch.Tensor):
+            # A number reaches a Python kernel unwrapped, and the Tensor overload's boxed kernel
+            # takes no number: the Scalar overload promotes a number as the wrapped one would.
+            return numbers.call_boxed(keyset, self, other, *rest, **kwargs)
+        return upstream.call_boxed(keyset, self, other, *rest, **kwargs)
+    kernel.__name__ = f"direct_{op._schema.name.split('::')[1]}_{op._overloadname}"
+    return kernel
+
+
+_lib = None
+
+
+def install() -> None:
+    """Register the pointwise in-place kernels at the Functionalize key (once); ``copy_``'s is
+    checks.py's, which calls ``copy``."""
+    global _lib
+    if _lib is not None:
+        return
+    _lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():   # "overriding a previously registered kernel": meant
+        warnings.simplefilter("ignore")
+        for op, (functional, scalar_op) in _IN_PLACE.items():
+            _lib.impl(op, _kernel(op, functional, scalar_op), "Functionalize", with_keyset=True)
