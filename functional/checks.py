@@ -207,10 +207,14 @@ def _copy_functionalize(keyset, self, src, non_blocking=False):
 
     writes_eager checks this on the inner tensors, where a shared storage is two values derived
     from one through view copies, which a sync or an earlier write ends; the wrappers keep
-    eager's storage. (copy_'s ``src`` is always a tensor, so upstream's kernel is called boxed.)"""
-    if (type(src) is torch.Tensor and src is not self and _is_functional(src)
-            and _is_functional(self) and src.element_size() == self.element_size()
-            and src.untyped_storage()._cdata == self.untyped_storage()._cdata
+    eager's storage. (copy_'s ``src`` is always a tensor, so upstream's kernel is called boxed.)
+    A copy of the same elements (``x[i] += 1`` stores its view back) changes nothing: eager
+    returns before any check there, and so does this kernel."""
+    shared = (type(src) is torch.Tensor and _is_functional(src) and _is_functional(self)
+              and src.untyped_storage()._cdata == self.untyped_storage()._cdata)
+    if shared and direct.same_elements(self, src):
+        return self
+    if (shared and src.element_size() == self.element_size()
             and tracer.partial_overlap((tuple(self.shape), self.stride(), self.storage_offset()),
                                        (tuple(src.shape), src.stride(), src.storage_offset()))):
         raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by aten.copy_ on "

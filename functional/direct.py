@@ -141,22 +141,30 @@ def value_of(w):
 
 def _commit_root(base, value) -> None:
     """The root wrapper ``base`` holds ``value`` now: an update without view steps."""
-    _replace(base, FunctionalInner(value, tuple(base.shape), base.dtype, base.stride(),
-                                   base.storage_offset()))
+    shape, stride, offset, dtype = tuple(base.shape), base.stride(), base.storage_offset(), \
+        base.dtype
+    t = FunctionalInner(value, shape, dtype, stride, offset)
+    t._geo = (shape, stride, dtype, offset)        # (tracer.geometry: views are born from it)
+    _replace(base, t)
     _commit(base)
 
 
 # -- copy_ ------------------------------------------------------------------------------------------
 
+def same_elements(a, b) -> bool:
+    """Two wrappers of one storage: are they the same elements in the same order (eager's early
+    exit from ``copy_``)?"""
+    return (a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset() and a.is_conj() == b.is_conj()
+            and a.is_neg() == b.is_neg())
+
+
 def copy(self, src):
-    """``self.copy_(src)`` for functional hlo wrappers of equal shape and dtype, ``self`` without
-    self-overlap and no partial overlap between them (the caller checked): ``self``, or None
-    where upstream's kernel must run."""
-    if (src.untyped_storage()._cdata == self.untyped_storage()._cdata
-            and src.stride() == self.stride() and src.storage_offset() == self.storage_offset()
-            and src.is_conj() == self.is_conj() and src.is_neg() == self.is_neg()):
-        return self                   # the same elements: eager exits early, nothing changes
-    if self.requires_grad or src.requires_grad or _inference() or self.device.type != "hlo":
+    """``self.copy_(src)`` for functional wrappers of equal shape and dtype, ``self`` without
+    self-overlap, not the same elements and no partial overlap between them (the caller
+    checked): ``self``, or None where upstream's kernel must run."""
+    if (self.requires_grad or src.requires_grad or _inference()
+            or type(_from(self)) is not FunctionalInner):
         return None
     if not _metas(self):
         value = value_of(src)         # a whole root: its new value is the source's
@@ -188,7 +196,7 @@ _IN_PLACE = {
     aten.div_.Scalar: (aten.div.Scalar, None),
 }
 _NUMBERS = (int, float)
-# (functional op, view layout, what other is) -> may the fast route take it
+# (functional op, view layout, what other is) -> the layout its operand takes (None: not taken)
 _TAKEN: dict = {}
 tracer.plan_memos.append(_TAKEN)
 
@@ -205,36 +213,43 @@ def _other_kind(self, other):
     return None
 
 
-def _takes(functional, self, other) -> bool:
-    """No eager check can fail: a real, non-bool view without self-overlap, and the functional
-    op (on meta twins) gives the view's shape and dtype."""
+def _takes(functional, self, other):
+    """The geometry of a contiguous operand of the view's shape, where no eager check can fail:
+    a real, non-bool view without self-overlap, and the functional op (on meta twins) gives the
+    view's shape and dtype; else None."""
     if self.dtype is torch.bool or self.dtype.is_complex:
-        return False
+        return None
     if not surely_distinct(tuple(self.shape), self.stride()):
-        return False
+        return None
     twin = other if type(other) in _NUMBERS else meta_like(other)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = functional(meta_like(self), twin)
     except Exception:   # noqa: BLE001 - eager raises: upstream's kernel says how
-        return False
-    return out.dtype == self.dtype and out.shape == self.shape
+        return None
+    if out.dtype != self.dtype or out.shape != self.shape:
+        return None
+    shape = tuple(self.shape)
+    stride = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        stride[d] = stride[d + 1] * max(shape[d + 1], 1)
+    return (shape, tuple(stride), self.dtype, 0)
 
 
 def in_place(functional, self, other):
     """``self.op_(other)`` through ``self``'s root (``functional``: the op's functional form),
     or None where upstream's kernel must run."""
-    if self.requires_grad or _inference() or self.device.type != "hlo":
+    if self.requires_grad or _inference() or type(_from(self)) is not FunctionalInner:
         return None
     kind = _other_kind(self, other)
     if kind is None:
         return None
     key = (functional, self.shape, self.stride(), self.dtype, kind)
-    ok = _TAKEN.get(key)
-    if ok is None:
-        ok = tracer.keep(_TAKEN, key, _takes(functional, self, other), _MEMO_LIMIT)
-    if not ok:
+    geo = _TAKEN.get(key, _TAKEN)
+    if geo is _TAKEN:
+        geo = tracer.keep(_TAKEN, key, _takes(functional, self, other), _MEMO_LIMIT)
+    if geo is None:
         return None
     r = root(self)
     if r is None:
@@ -245,7 +260,9 @@ def in_place(functional, self, other):
     _sync(base)
     with lock:
         value = viewchain.read(_from(base)._value, c)
-    out = _run(functional, (FunctionalInner(value, tuple(self.shape), self.dtype), other))
+    x = FunctionalInner(value, geo[0], geo[2], geo[1], 0)
+    x._geo = geo
+    out = _run(functional, (x, other))
     with lock:
         written = viewchain.write(_from(base)._value, out._value, c)
     _commit_root(base, written)
