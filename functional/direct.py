@@ -26,7 +26,12 @@ by the root's and view's layouts and the steps, is checked against the view's st
 offset); in-place ops: ``add_``/``sub_`` (alpha 1), ``mul_``, ``div_`` (no rounding mode) of a
 non-bool, non-complex view by a number or a functional hlo tensor of another storage, whose
 result (from the functional op on meta twins) has the view's shape and dtype, into a view without
-self-overlap. Everything else is upstream's kernel; so is every eager error.
+self-overlap. Everything else is upstream's kernel; so is every eager error. (A number reaches a
+Python kernel unwrapped and upstream's boxed kernel takes none for a Tensor argument, so for a
+number upstream's generated steps are taken here one by one: ``_with_number``.)
+
+Cost (W4, 16 writes through a slice and 16 through a transposed view per step): 321 -> 97 inner
+dispatches per step, traced ~4.2 -> ~2.05 ms (legacy ~1.5 ms).
 """
 from __future__ import annotations
 
@@ -184,16 +189,12 @@ def copy(self, src):
 
 # -- pointwise in-place ops -------------------------------------------------------------------------
 
-# in-place overload -> (its functional op, the Scalar overload's in-place op for a number)
+# in-place overload -> its functional op
 _IN_PLACE = {
-    aten.add_.Tensor: (aten.add.Tensor, aten.add_.Scalar),
-    aten.add_.Scalar: (aten.add.Scalar, None),
-    aten.sub_.Tensor: (aten.sub.Tensor, aten.sub_.Scalar),
-    aten.sub_.Scalar: (aten.sub.Scalar, None),
-    aten.mul_.Tensor: (aten.mul.Tensor, aten.mul_.Scalar),
-    aten.mul_.Scalar: (aten.mul.Scalar, None),
-    aten.div_.Tensor: (aten.div.Tensor, aten.div_.Scalar),
-    aten.div_.Scalar: (aten.div.Scalar, None),
+    aten.add_.Tensor: aten.add.Tensor, aten.add_.Scalar: aten.add.Scalar,
+    aten.sub_.Tensor: aten.sub.Tensor, aten.sub_.Scalar: aten.sub.Scalar,
+    aten.mul_.Tensor: aten.mul.Tensor, aten.mul_.Scalar: aten.mul.Scalar,
+    aten.div_.Tensor: aten.div.Tensor, aten.div_.Scalar: aten.div.Scalar,
 }
 _NUMBERS = (int, float)
 # (functional op, view layout, what other is) -> the layout its operand takes (None: not taken)
@@ -281,9 +282,37 @@ def _run(func, args):
     return FunctionalInner.__torch_dispatch__(func, _INNER, args, None)
 
 
-def _kernel(op, functional, scalar_op):
+_SKIP_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+# What upstream's kernels exclude around the meta reference (Functionalize too, skipped there).
+_META_REFERENCE = _SKIP_FUNCTIONALIZE | torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
+_exclude = torch._C._ExcludeDispatchKeyGuard
+
+
+def _with_number(op, functional, self, other, rest, kwargs):
+    """Upstream's generated Functionalize kernel of ``op`` for a number ``other``, step by step.
+
+    A number reaches a Python kernel unwrapped, and a boxed call of upstream's kernel takes no
+    number for a Tensor argument; an op called from Python wraps it again, as the dispatcher
+    does: the meta reference (eager's checks), the functional op on the synced inner tensor,
+    then replace, commit and sync."""
+    if not _is_functional(self):
+        with _exclude(_SKIP_FUNCTIONALIZE):
+            return op(self, other, *rest, **kwargs)
+    _sync(self)
+    with _exclude(_META_REFERENCE):
+        op(torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta"),
+           other, *rest, **kwargs)
+    with _exclude(_SKIP_FUNCTIONALIZE):
+        out = functional(_from(self), other, *rest, **kwargs)
+    _replace(self, out)
+    _commit(self)
+    _sync(self)
+    return self
+
+
+def _kernel(op, functional):
     upstream = torch.library.get_kernel(op, "Functionalize")
-    numbers = torch.library.get_kernel(scalar_op, "Functionalize") if scalar_op else None
+    number_as_tensor = isinstance(op._schema.arguments[1].type, torch.TensorType)
 
     def kernel(keyset, self, other, *rest, **kwargs):
         alpha = rest[0] if rest else kwargs.get("alpha", 1)
@@ -292,10 +321,8 @@ def _kernel(op, functional, scalar_op):
             done = in_place(functional, self, other)
             if done is not None:
                 return done
-        if numbers is not None and not isinstance(other, torch.Tensor):
-            # A number reaches a Python kernel unwrapped, and the Tensor overload's boxed kernel
-            # takes no number: the Scalar overload promotes a number as the wrapped one would.
-            return numbers.call_boxed(keyset, self, other, *rest, **kwargs)
+        if number_as_tensor and not isinstance(other, torch.Tensor):
+            return _with_number(op, functional, self, other, rest, kwargs)
         return upstream.call_boxed(keyset, self, other, *rest, **kwargs)
     kernel.__name__ = f"direct_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return kernel
@@ -313,5 +340,5 @@ def install() -> None:
     _lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():   # "overriding a previously registered kernel": meant
         warnings.simplefilter("ignore")
-        for op, (functional, scalar_op) in _IN_PLACE.items():
-            _lib.impl(op, _kernel(op, functional, scalar_op), "Functionalize", with_keyset=True)
+        for op, functional in _IN_PLACE.items():
+            _lib.impl(op, _kernel(op, functional), "Functionalize", with_keyset=True)

@@ -103,21 +103,28 @@ class Chain:
         self.relayouts = {}       # the chain a write went through -> (rule, aval, sig)
 
     def read(self) -> tuple:
-        """(rule, aval, sig) of the node reading this chain from its root."""
+        """(op, rule, template, aval, sig) of the node reading this chain from its root: the
+        view copy itself for one step (as the op would trace), else one ``ViewRead``."""
         made = self._read
         if made is None:
-            rule, aval = ViewRead(self.box), Aval(self.box.shape, self.aval.dtype)
-            sig = ir.sig_id(("functional.view_read", rule, _SLOTS[0], (), (aval,)))
-            made = self._read = (rule, aval, sig)
+            aval = Aval(self.box.shape, self.aval.dtype)
+            one = _one_step(self.steps, False)
+            op, rule, template = one if one else ("functional.view_read", ViewRead(self.box),
+                                                  _SLOTS[0])
+            made = self._read = (op, rule, template, aval,
+                                 ir.sig_id((op, rule, template, (), (aval,))))
         return made
 
     def write(self) -> tuple:
-        """(rule, sig) of the node writing a value through this chain into its root."""
+        """(op, rule, template, sig) of the node writing a value through this chain into its
+        root: the scatter itself for one select or slice, else one ``WriteThrough``."""
         made = self._write
         if made is None:
-            rule = WriteThrough(self.box)
-            sig = ir.sig_id(("functional.write_through", rule, _SLOTS[1], (), (self.aval,)))
-            made = self._write = (rule, sig)
+            one = _one_step(self.steps, True)
+            op, rule, template = one if one else ("functional.write_through",
+                                                  WriteThrough(self.box), _SLOTS[1])
+            made = self._write = (op, rule, template,
+                                  ir.sig_id((op, rule, template, (), (self.aval,))))
         return made
 
     def then(self, info):
@@ -201,17 +208,39 @@ _MEMO_LIMIT = 65536
 def read_value(root: Value, c) -> Value:
     if c is None:
         return root
-    rule, aval, sig = c.read()
-    v = _node("functional.view_read", rule, (root,), aval, sig)
+    op, rule, template, aval, sig = c.read()
+    v = Value(tracer.traced_node(op, rule, template, (root,), (aval,), sig), 0)
     v.node.note = (_READ, root, c)
     return v
 
 
 def write_value(root: Value, src: Value, c: Chain) -> Value:
-    rule, sig = c.write()
-    v = _node("functional.write_through", rule, (root, src), root.aval, sig)
+    op, rule, template, sig = c.write()
+    v = Value(tracer.traced_node(op, rule, template, (root, src), (root.aval,), sig), 0)
     v.node.note = (_WRITE, root, src, c)
     return v
+
+
+def _one_step(steps: tuple, scatter: bool):
+    """(op name, rule, template) of the aten view copy (or scatter) that is this one-step chain,
+    or None (several steps; a permutation's write). Where a chain is one step, its node is that
+    op's, as the view copy or scatter would trace (and any rule planted for it applies)."""
+    if len(steps) != 1:
+        return None
+    step = steps[0]
+    slots = _SLOTS[1] if scatter else _SLOTS[0]
+    if type(step) is Select:
+        func, args = (aten.select_scatter.default if scatter else aten.select_copy.int), \
+            (step.dim, step.index)
+    elif type(step) is Slice:
+        func, args = (aten.slice_scatter.default if scatter else aten.slice_copy.Tensor), \
+            (step.dim, step.start, step.end, step.step)
+    elif type(step) is Permute and not scatter:
+        func, args = aten.permute_copy.default, (step.dims,)
+    else:
+        return None
+    rule = registry.lookup(func)
+    return (tracer.op_name(func), rule, slots + args) if rule is not None else None
 
 
 # ----------------------------------------------------------------------------------------------
