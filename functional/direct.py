@@ -20,13 +20,14 @@ as upstream leaves it, and regenerates from the root whenever upstream next read
 else of the wrapper's bookkeeping changes. ``copy_`` between two views of one storage with the
 same layout is no write at all (eager returns early there too).
 
-Taken only for functional hlo wrappers outside inference mode with no tensor requiring grad,
-where the view's steps are select/slice/transpose/permute/t from a plain root (the chain, memoised
-by the root's and view's layouts and the steps, is checked against the view's strides and
-offset); in-place ops: ``add_``/``sub_`` (alpha 1), ``mul_``, ``div_`` (no rounding mode) of a
-non-bool, non-complex view by a number or a functional hlo tensor of another storage, whose
-result (from the functional op on meta twins) has the view's shape and dtype, into a view without
-self-overlap. Everything else is upstream's kernel; so is every eager error. (A number reaches a
+Taken only for functional hlo wrappers outside inference mode, with no tensor requiring grad
+while grad mode is on (an optimizer's no_grad updates are taken), where the view's steps are
+select/slice/transpose/permute/t from a plain root (the chain, memoised by the root's and view's
+layouts and the kinds of steps, is checked against the view's strides and offset) or the tensor
+is a root itself; in-place ops: ``add_``/``sub_`` (alpha a number; 1 for the Scalar overloads),
+``mul_``, ``div_`` (no rounding mode) of a non-bool, non-complex tensor by a number or a
+functional hlo tensor of another storage, whose result (from the functional op on meta twins)
+has the written tensor's shape and dtype, into a tensor without self-overlap. Everything else is upstream's kernel; so is every eager error. (A number reaches a
 Python kernel unwrapped and upstream's boxed kernel takes none for a Tensor argument, so for a
 number upstream's generated steps are taken here one by one: ``_with_number``.)
 
@@ -56,7 +57,7 @@ aten = torch.ops.aten
 _sync, _from = torch._functionalize_sync, torch._from_functional_tensor
 _replace, _commit = torch._functionalize_replace, torch._functionalize_commit_update
 _is_functional = torch._is_functional_tensor
-_inference = torch.is_inference_mode_enabled
+_inference, _grad = torch.is_inference_mode_enabled, torch.is_grad_enabled
 _MEMO_LIMIT = 4096
 
 
@@ -168,7 +169,7 @@ def copy(self, src):
     """``self.copy_(src)`` for functional wrappers of equal shape and dtype, ``self`` without
     self-overlap, not the same elements and no partial overlap between them (the caller
     checked): ``self``, or None where upstream's kernel must run."""
-    if (self.requires_grad or src.requires_grad or _inference()
+    if (((self.requires_grad or src.requires_grad) and _grad()) or _inference()
             or type(_from(self)) is not FunctionalInner):
         return None
     if not _metas(self):
@@ -207,14 +208,14 @@ def _other_kind(self, other):
     shape and dtype (None: not taken)."""
     if type(other) in _NUMBERS:
         return type(other)
-    if (type(other) is torch.Tensor and _is_functional(other) and not other.requires_grad
-            and other.device.type == "hlo"
+    if (type(other) is torch.Tensor and _is_functional(other)
+            and not (other.requires_grad and _grad()) and other.device.type == "hlo"
             and other.untyped_storage()._cdata != self.untyped_storage()._cdata):
         return (other.shape, other.dtype)
     return None
 
 
-def _takes(functional, self, other):
+def _takes(functional, self, other, kwargs):
     """The geometry of a contiguous operand of the view's shape, where no eager check can fail:
     a real, non-bool view without self-overlap, and the functional op (on meta twins) gives the
     view's shape and dtype; else None."""
@@ -226,7 +227,7 @@ def _takes(functional, self, other):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = functional(meta_like(self), twin)
+            out = functional(meta_like(self), twin, **kwargs)
     except Exception:   # noqa: BLE001 - eager raises: upstream's kernel says how
         return None
     if out.dtype != self.dtype or out.shape != self.shape:
@@ -238,32 +239,42 @@ def _takes(functional, self, other):
     return (shape, tuple(stride), self.dtype, 0)
 
 
-def in_place(functional, self, other):
-    """``self.op_(other)`` through ``self``'s root (``functional``: the op's functional form),
-    or None where upstream's kernel must run."""
-    if self.requires_grad or _inference() or type(_from(self)) is not FunctionalInner:
+def in_place(functional, self, other, kwargs=None):
+    """``self.op_(other, **kwargs)`` through ``self``'s root (``functional``: the op's functional
+    form; ``kwargs``: an ``alpha`` number or nothing), or None where upstream's kernel must run."""
+    if (self.requires_grad and _grad()) or _inference() or type(_from(self)) is not FunctionalInner:
         return None
     kind = _other_kind(self, other)
     if kind is None:
         return None
-    key = (functional, self.shape, self.stride(), self.dtype, kind)
+    key = (functional, self.shape, self.stride(), self.dtype, kind,
+           type(kwargs["alpha"]) if kwargs else None)   # (alpha's checks: its type decides)
     geo = _TAKEN.get(key, _TAKEN)
     if geo is _TAKEN:
-        geo = tracer.keep(_TAKEN, key, _takes(functional, self, other), _MEMO_LIMIT)
+        geo = tracer.keep(_TAKEN, key, _takes(functional, self, other, kwargs or {}),
+                          _MEMO_LIMIT)
     if geo is None:
         return None
-    r = root(self)
-    if r is None:
-        return None
-    base, c = r
+    if _metas(self):
+        r = root(self)
+        if r is None:
+            return None
+        base, c = r
+    else:
+        base, c = self, None          # a root itself: upstream's steps without its syncs
     if type(other) is torch.Tensor:
         other = FunctionalInner(value_of(other), tuple(other.shape), other.dtype)
     _sync(base)
     with lock:
-        value = viewchain.read(_from(base)._value, c)
+        value = _from(base)._value
+        if c is not None:
+            value = viewchain.read(value, c)
     x = FunctionalInner(value, geo[0], geo[2], geo[1], 0)
     x._geo = geo
-    out = _run(functional, (x, other))
+    out = _run(functional, (x, other), kwargs)
+    if c is None:
+        _commit_root(base, out._value)
+        return self
     with lock:
         written = viewchain.write(_from(base)._value, out._value, c)
     _commit_root(base, written)
@@ -274,12 +285,12 @@ _modes = torch._C._len_torch_dispatch_stack
 _INNER = (FunctionalInner,)
 
 
-def _run(func, args):
+def _run(func, args, kwargs=None):
     """``func`` on inner tensors: straight into their dispatch (where the dispatcher would send
     it) unless a dispatch mode is active, which must see it."""
     if _modes():
-        return func(*args)
-    return FunctionalInner.__torch_dispatch__(func, _INNER, args, None)
+        return func(*args, **(kwargs or {}))
+    return FunctionalInner.__torch_dispatch__(func, _INNER, args, kwargs)
 
 
 _SKIP_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
@@ -302,8 +313,12 @@ def _with_number(op, functional, self, other, rest, kwargs):
     with _exclude(_META_REFERENCE):
         op(torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta"),
            other, *rest, **kwargs)
-    with _exclude(_SKIP_FUNCTIONALIZE):
-        out = functional(_from(self), other, *rest, **kwargs)
+    x = _from(self)
+    if type(x) is FunctionalInner:
+        out = _run(functional, (x, other, *rest), kwargs or None)
+    else:
+        with _exclude(_SKIP_FUNCTIONALIZE):
+            out = functional(x, other, *rest, **kwargs)
     _replace(self, out)
     _commit(self)
     _sync(self)
@@ -313,12 +328,18 @@ def _with_number(op, functional, self, other, rest, kwargs):
 def _kernel(op, functional):
     upstream = torch.library.get_kernel(op, "Functionalize")
     number_as_tensor = isinstance(op._schema.arguments[1].type, torch.TensorType)
+    # alpha other than 1 is taken where the functional op takes it by keyword (add/sub.Tensor)
+    alpha_kwarg = any(a.name == "alpha" and a.kwarg_only for a in functional._schema.arguments)
 
     def kernel(keyset, self, other, *rest, **kwargs):
         alpha = rest[0] if rest else kwargs.get("alpha", 1)
-        if (type(alpha) is int and alpha == 1 and len(rest) + len(kwargs) <= 1
-                and type(self) is torch.Tensor and _is_functional(self)):
-            done = in_place(functional, self, other)
+        if type(self) is torch.Tensor and _is_functional(self) and len(rest) + len(kwargs) <= 1:
+            if type(alpha) is int and alpha == 1:
+                done = in_place(functional, self, other)
+            elif type(alpha) in _NUMBERS and alpha_kwarg:
+                done = in_place(functional, self, other, {"alpha": alpha})
+            else:
+                done = None
             if done is not None:
                 return done
         if number_as_tensor and not isinstance(other, torch.Tensor):

@@ -191,6 +191,39 @@ def test_a_copy_of_the_same_elements_writes_nothing_like_eager(path, dev):
         assert torch._from_functional_tensor(x) is held    # no update was committed
 
 
+def test_optimizer_like_updates_under_no_grad_take_the_direct_route_and_match_eager(dev, taken):
+    def run(device):
+        p = _randn(4, 6, seed=4).to(device).requires_grad_()
+        buf = torch.zeros(4, 6, device=device)
+        g = _randn(4, 6, seed=5).to(device)
+        for lr in (0.1, 0.05):
+            with torch.no_grad():
+                buf.mul_(0.9).add_(g)
+                p.add_(buf, alpha=-lr)            # a root that requires grad, under no_grad
+                p.t()[1].mul_(1 - lr)             # and a view of it
+                p[2].sub_(g[0], alpha=2)
+        return [p.detach() * 1, buf * 1]
+    expected = run("cpu")
+    with xc.use_path("functional"):
+        actual = run(dev)
+        assert_same(actual, expected)
+    assert taken and all(taken)
+
+
+def test_in_place_ops_on_roots_match_eager(path, dev):
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        def program(x, y):
+            x.mul_(3).add_(2)
+            x.sub_(y, alpha=2)
+            x.add_(y[0])                          # broadcast
+            r = x.t().clone()                     # a root laid out transposed
+            r.mul_(2)
+            return x * 1, r.add_(1)
+        x = (_randn(3, 4) * 10).to(dtype)
+        y = (_randn(3, 4, seed=1) * 10).to(dtype)
+        _both(program, x, y, dev=dev)
+
+
 # -- what stays upstream's ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", [
@@ -220,13 +253,12 @@ def test_writes_eager_refuses_are_refused(path, dev, case):
 
 def test_cases_the_direct_route_leaves_to_upstream_match_eager(dev, taken):
     def program(x, y):
-        x.t()[0].add_(y[0], alpha=2)             # alpha
         x.t()[1].add_(x.t()[2])                  # an operand of the same storage
         x.diagonal().mul_(3)                     # a view kind it does not know
         x.view(30)[3:7].add_(1)
         x.t()[3].add_(torch.tensor(2.0))         # a 0-dim CPU operand
         x.t()[4].div_(2, rounding_mode="floor")  # another overload
-        r = y.t().clone()                        # a root that is not contiguous
+        r = y.t().clone()                        # a view of a root not laid out contiguously
         r[1].add_(4)
         with torch.inference_mode():
             z = torch.ones(3, 5, device=x.device)
