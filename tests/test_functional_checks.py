@@ -287,3 +287,18 @@ def test_writes_into_an_expanded_view_of_no_elements_are_allowed_like_eager(path
         write(d.expand(2, 3, 1, 0))
         xc.sync()
         assert d.cpu().shape == cpu.shape
+
+
+def test_a_copy_into_a_view_through_unfold_keeps_what_the_base_was_written_since(path, dev):
+    # Fuzz (Dec 3, seed 2030): the functional copy_ that skips syncing its destination wrote an
+    # unfold view back from its value before a clamp_ of the base, undoing the clamp in the gaps
+    # between the windows (even for a write of no elements).
+    def program(t):
+        v = t.unfold(-2, 1, 3)          # windows of rows 0 and 3: rows 1 and 2 are gaps
+        t.clamp_(-1, 3)
+        v[:, :, :, 0:0][0] = -1         # no elements
+        v[1, 0] = torch.full((2, 1), -5.0, device=t.device)
+        return t
+    cpu = program(torch.arange(32, dtype=torch.float32).reshape(4, 4, 2))
+    got = program(torch.arange(32, dtype=torch.float32).reshape(4, 4, 2).to(dev))
+    assert_same(got, cpu)
