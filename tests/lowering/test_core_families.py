@@ -198,3 +198,33 @@ def test_random_ops_keep_their_support():
     r = torch.randint_like(torch.empty(5000, dtype=torch.int64, device=xc.device()), 3, 9).cpu()
     assert r.dtype == torch.int64 and r.min() == 3 and r.max() == 8
     assert (torch.empty(5000, device=xc.device()).log_normal_().cpu() > 0).all()
+
+
+# -- every rule takes the op's positional arguments positionally -----------------------------------
+
+def test_every_rule_accepts_the_schemas_positional_arguments_positionally():
+    # aten.add.Scalar(x, 0.5, 2) passes alpha positionally (add.Tensor takes it by keyword);
+    # the shared rule took it by keyword only and failed to lower (found by the functional
+    # path's own add_ kernels, which call the Scalar overload).
+    import inspect
+    from xla_compat.lowering import load_all, registry
+    load_all()
+    short = []
+    for op, rule in registry._RULES.items():
+        params = list(inspect.signature(rule.fn).parameters.values())
+        if any(p.kind == p.VAR_POSITIONAL for p in params):
+            continue
+        takes = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        positional = [a.name for a in op._schema.arguments if not a.kwarg_only]
+        if len(positional) > takes:
+            short.append(f"{op}: {rule.name} takes {positional[takes:]} by keyword only")
+    assert not short, "\n".join(short)
+
+
+@pytest.mark.parametrize("op", [torch.ops.aten.add.Scalar, torch.ops.aten.sub.Scalar,
+                                torch.ops.aten.rsub.Scalar])
+@pytest.mark.parametrize("dtype,alpha", [(torch.float32, 2), (torch.float32, -0.5),
+                                         (torch.int64, 3)])
+def test_scalar_overloads_with_an_alpha_match_eager(op, dtype, alpha):
+    x = torch.arange(6, dtype=dtype).reshape(2, 3)
+    assert_same(op(dev(x), 5, alpha), op(x, 5, alpha))

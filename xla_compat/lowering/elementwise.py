@@ -105,7 +105,7 @@ def _alpha_op(x, y, alpha, aval, fn):
 
 
 @lowering(aten.add.Tensor, aten.add.Scalar, meta=True)
-def add(x, y, *, alpha=1, aval):
+def add(x, y, alpha=1, *, aval):      # (the Scalar overload passes alpha positionally)
     if aval.dtype == jnp.bool_:
         x, y = to(aval.dtype, x, y)
         return x | (y & (cast(alpha, jnp.bool_)))
@@ -113,12 +113,12 @@ def add(x, y, *, alpha=1, aval):
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar, meta=True)
-def sub(x, y, *, alpha=1, aval):
+def sub(x, y, alpha=1, *, aval):
     return _alpha_op(x, y, alpha, aval, jnp.subtract)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar, meta=True)
-def rsub(x, y, *, alpha=1, aval):
+def rsub(x, y, alpha=1, *, aval):
     return _alpha_op(y, x, alpha, aval, jnp.subtract)
 
 
