@@ -569,9 +569,12 @@ def _plan_key(cls, func, args):
     once per traced op (``replay``): a tensor's geometry comes from its cache."""
     parts = [id(func), cls]
     for x in args:
-        if type(x) is cls:
+        tx = type(x)
+        if tx is cls:
             g = x._geo                     # geometry(x), inline: this runs for every op
             parts.append(g if g is not None and not CHECK_GEOMETRY else _geometry_of(x))
+        elif tx is float or tx is int:
+            parts.append((tx, x))          # static_key's for a number, inline
         else:
             k = static_key(x)
             if k is NO_KEY:
