@@ -210,6 +210,9 @@ def _copy_functionalize(keyset, self, src, non_blocking=False):
     eager's storage. (copy_'s ``src`` is always a tensor, so upstream's kernel is called boxed.)
     A copy of the same elements (``x[i] += 1`` stores its view back) changes nothing: eager
     returns before any check there, and so does this kernel."""
+    done = direct.planned_copy(self, src)     # a memo of this path's verdict, where it holds
+    if done is not None:
+        return done
     shared = (type(src) is torch.Tensor and _is_functional(src) and _is_functional(self)
               and src.untyped_storage()._cdata == self.untyped_storage()._cdata)
     if shared and direct.same_elements(self, src):

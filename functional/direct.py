@@ -188,6 +188,67 @@ def copy(self, src):
     return self
 
 
+# (geometries, dtypes and kinds of view steps of both views and both roots) -> (the
+# destination's chain, the source's chain), or None: the full path decides
+_COPIES: dict = {}
+tracer.plan_memos.append(_COPIES)
+
+
+def planned_copy(self, src):
+    """``self.copy_(src)`` for two views of plain roots of two different storages, where a memo
+    keyed by everything the full path's checks read (both views' and roots' geometries, dtypes
+    and kinds of steps) says that path takes ``copy`` through both roots: the same nodes, without
+    the checks (their outcome is the memo's) or the chain discovery. None: the full path runs."""
+    if type(src) is not torch.Tensor or _inference():
+        return None
+    if (self.requires_grad or src.requires_grad) and _grad():
+        return None
+    db, sb = self._base, src._base
+    if db is None or sb is None or not (_is_functional(self) and _is_functional(src)):
+        return None
+    ds, ss = self.untyped_storage()._cdata, src.untyped_storage()._cdata
+    if (ds == ss or not (_is_functional(db) and _is_functional(sb))
+            or db.untyped_storage()._cdata != ds or sb.untyped_storage()._cdata != ss):
+        return None
+    dm, sm = _metas(self), _metas(src)
+    if not dm or not sm or _metas(db) or _metas(sb):
+        return None
+    if type(_from(self)) is not FunctionalInner or type(_from(src)) is not FunctionalInner:
+        return None
+    key = (self.shape, self.stride(), self.storage_offset(), self.dtype, tuple(map(type, dm)),
+           src.shape, src.stride(), src.storage_offset(), src.dtype, tuple(map(type, sm)),
+           db.shape, db.stride(), db.storage_offset(), db.dtype,
+           sb.shape, sb.stride(), sb.storage_offset(), sb.dtype)
+    plan = _COPIES.get(key, _COPIES)
+    if plan is _COPIES:
+        plan = tracer.keep(_COPIES, key, _copy_plan(self, src), _MEMO_LIMIT)
+    if plan is None:
+        return None
+    cd, cs = plan
+    _sync(sb)
+    with lock:
+        value = viewchain.read(_from(sb)._value, cs)
+    _sync(db)
+    with lock:
+        written = viewchain.write(_from(db)._value, value, cd)
+    _commit_root(db, written)
+    return self
+
+
+def _copy_plan(self, src):
+    """The full path's verdict for this key: (destination chain, source chain) where it would
+    write through both roots with no error, else None."""
+    from xla_compat.lowering.views import expanded
+    if (expanded(self.shape, self.stride()) or self.shape != src.shape
+            or self.dtype != src.dtype or self.device != src.device
+            or not surely_distinct(tuple(self.shape), self.stride())):
+        return None
+    rd, rs = root(self), root(src)
+    if rd is None or rs is None:
+        return None
+    return rd[1], rs[1]
+
+
 # -- pointwise in-place ops -------------------------------------------------------------------------
 
 # in-place overload -> its functional op
@@ -247,21 +308,27 @@ def in_place(functional, self, other, kwargs=None):
     kind = _other_kind(self, other)
     if kind is None:
         return None
-    key = (functional, self.shape, self.stride(), self.dtype, kind,
-           type(kwargs["alpha"]) if kwargs else None)   # (alpha's checks: its type decides)
-    geo = _TAKEN.get(key, _TAKEN)
-    if geo is _TAKEN:
-        geo = tracer.keep(_TAKEN, key, _takes(functional, self, other, kwargs or {}),
-                          _MEMO_LIMIT)
-    if geo is None:
-        return None
-    if _metas(self):
-        r = root(self)
-        if r is None:
+    metas = _metas(self)
+    if metas:
+        base = self._base
+        if (base is None or not _is_functional(base) or _metas(base)
+                or base.untyped_storage()._cdata != self.untyped_storage()._cdata):
             return None
-        base, c = r
+        # one memo for the op's checks and the view's chain: everything both read
+        key = (functional, self.shape, self.stride(), self.storage_offset(), self.dtype, kind,
+               type(kwargs["alpha"]) if kwargs else None, tuple(map(type, metas)),
+               base.shape, base.stride(), base.storage_offset(), base.dtype)
     else:
-        base, c = self, None          # a root itself: upstream's steps without its syncs
+        base = self                   # a root itself: upstream's steps without its syncs
+        key = (functional, self.shape, self.stride(), self.dtype, kind,
+               type(kwargs["alpha"]) if kwargs else None)   # (alpha's checks: its type decides)
+    plan = _TAKEN.get(key, _TAKEN)
+    if plan is _TAKEN:
+        plan = tracer.keep(_TAKEN, key, _in_place_plan(functional, self, other, kwargs, metas),
+                           _MEMO_LIMIT)
+    if plan is None:
+        return None
+    geo, c = plan
     if type(other) is torch.Tensor:
         other = FunctionalInner(value_of(other), tuple(other.shape), other.dtype)
     _sync(base)
@@ -279,6 +346,18 @@ def in_place(functional, self, other, kwargs=None):
         written = viewchain.write(_from(base)._value, out._value, c)
     _commit_root(base, written)
     return self
+
+
+def _in_place_plan(functional, self, other, kwargs, metas):
+    """(the operand's geometry, the view's chain from its root or None for a root) where the
+    route is taken for this key, else None."""
+    geo = _takes(functional, self, other, kwargs or {})
+    if geo is None:
+        return None
+    if not metas:
+        return geo, None
+    r = root(self)
+    return None if r is None else (geo, r[1])
 
 
 _modes = torch._C._len_torch_dispatch_stack

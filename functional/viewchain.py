@@ -21,6 +21,7 @@ each next op leads to, and ``replay`` serves a key traced before ahead of the pa
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -93,7 +94,8 @@ class Chain:
     boxes are one object), the node reading it, the node writing through it, and the chain each
     later view copy or scatter leads to (``after``, keyed by the op's ``_Info``)."""
 
-    __slots__ = ("aval", "steps", "box", "parent", "after", "_read", "_write", "relayouts")
+    __slots__ = ("aval", "steps", "box", "parent", "after", "_read", "_write", "relayouts",
+                 "last")
 
     def __init__(self, aval: Aval, steps: tuple, parent):
         self.aval, self.steps, self.parent = aval, steps, parent
@@ -101,6 +103,7 @@ class Chain:
         self.after = {}           # _Info -> (chain or None for the root itself)
         self._read = self._write = None
         self.relayouts = {}       # the chain a write went through -> (rule, aval, sig)
+        self.last = None          # (root node, its index, read node), weakly: the last read
 
     def read(self) -> tuple:
         """(op, rule, template, aval, sig) of the node reading this chain from its root: the
@@ -208,10 +211,33 @@ _MEMO_LIMIT = 65536
 def read_value(root: Value, c) -> Value:
     if c is None:
         return root
+    v = _last_read(root, c)
+    if v is not None:
+        return v
     op, rule, template, aval, sig = c.read()
     v = Value(tracer.traced_node(op, rule, template, (root,), (aval,), sig), 0)
-    v.node.note = (_READ, root, c)
+    _noted_read(v, root, c)
     return v
+
+
+def _last_read(root: Value, c: Chain):
+    """The read of ``c`` from ``root`` made last, while its node lives (a view born from the
+    root and then read again by a write through it: one node, not two), else None."""
+    last = c.last
+    if last is not None and last[0]() is root.node and last[1] == root.index:
+        node = last[2]()
+        if node is not None:
+            return Value(node, 0)
+    return None
+
+
+def _noted_read(v: Value, root: Value, c: Chain) -> None:
+    """Mark ``v`` as the read of ``c`` from ``root`` (its note; the chain's last read)."""
+    v.node.note = (_READ, root, c)
+    c.last = (_ref(root.node), root.index, _ref(v.node))
+
+
+_ref = weakref.ref
 
 
 def write_value(root: Value, src: Value, c: Chain) -> Value:
@@ -436,8 +462,10 @@ def _view(func, args, kwargs, x, info) -> Value:
         return written
     if len(c.steps) > 1:
         return read_value(root, c)               # one node reads the whole chain from the root
-    value = _plain(func, args, kwargs, info)
-    value.node.note = (_READ, root, c)
+    value = _last_read(root, c)
+    if value is None:
+        value = _plain(func, args, kwargs, info)
+        _noted_read(value, root, c)
     return value
 
 
