@@ -102,7 +102,7 @@ class Chain:
         self.box = _interned_box(compose(aval.shape, steps))
         self.after = {}           # _Info -> (chain or None for the root itself)
         self._read = self._write = None
-        self.relayouts = {}       # the chain a write went through -> (rule, aval, sig)
+        self.relayouts = {}       # the chain a write went through -> [rule, aval, last made]
         self.last = None          # (root node, its index, read node), weakly: the last read
 
     def read(self) -> tuple:
@@ -494,8 +494,15 @@ def _read_written(root: Value, c: Chain):
     made = c.relayouts.get(wrote)
     if made is None:
         made = tracer.keep(c.relayouts, wrote,
-                           (Relayout(wrote.box, box), Aval(box.shape, root.aval.dtype)), 256)
-    return _node("functional.relayout", made[0], (src,), made[1])
+                           [Relayout(wrote.box, box), Aval(box.shape, root.aval.dtype), None], 256)
+    last = made[2]                               # the last relayout of a source, weakly
+    if last is not None and last[0]() is src.node and last[1] == src.index:
+        node = last[2]()
+        if node is not None:
+            return Value(node, 0)                # (the same source re-laid out: one node)
+    v = _node("functional.relayout", made[0], (src,), made[1])
+    made[2] = (_ref(src.node), src.index, _ref(v.node))
+    return v
 
 
 def write(root: Value, src: Value, c: Chain) -> Value:
