@@ -133,9 +133,11 @@ def test_the_dispatch_floor_table_counts_each_workloads_aten_ops():
     # select, copy_ (Python's ``v[..., t] += 0.5``); then the sum
     assert floor.aten_ops_per_step(w4) == 8 * w4.positions + 1
     assert 0 < floor.dispatch_floor_us(ops=200, rounds=1) < 1000
-    # legacy dispatches eager's ops; functionalization adds view regenerations and write-backs
+    # legacy dispatches eager's ops; functional dispatches the view copies upstream's C++ view
+    # kernels make for each view born (five per position) and the add: its own write kernels
+    # (functional/direct.py) regenerate no view and write no view back through a scatter
     assert floor.python_dispatches_per_step(w4, "legacy") == 8 * w4.positions + 1
-    assert floor.python_dispatches_per_step(w4, "functional") > 8 * w4.positions + 1
+    assert floor.python_dispatches_per_step(w4, "functional") == 6 * w4.positions + 1
     trace, sync, wait = floor.traced_parts(w4, "functional", steps=2, warmup=1)
     assert trace > 0 and sync > 0 and wait >= 0
     text = floor.table([w4], {"W4": 1.0})
