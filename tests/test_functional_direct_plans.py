@@ -13,6 +13,7 @@ from xla_compat.debug import metrics as met
 from xla_compat.functional import direct
 
 from .conftest import assert_same
+from .test_functional_direct import _both, _randn
 
 
 @pytest.fixture
@@ -28,20 +29,6 @@ def planned(monkeypatch):
     monkeypatch.setattr(direct, "planned_copy", spy)
     return seen
 
-
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _both(program, *cpu, dev, **tol):
-    on_dev = [t.to(dev) for t in cpu]
-    expected = program(*cpu)
-    actual = program(*on_dev)
-    assert_same(actual, expected, **tol)
-    assert_same(on_dev, list(cpu), **tol)
-    xc.sync()
-    assert_same(on_dev, list(cpu), **tol)
-    return on_dev
 
 
 def test_a_kv_loop_replays_the_copy_plan_and_matches_eager(dev, planned):
