@@ -1,4 +1,4 @@
-"""Legacy: two chains of permutes, selects and slices that view the same elements of a storage.
+"""Two chains of permutes, selects and slices that view the same elements of a storage.
 
 ``cache[:, :, t:t+1] = kv`` then ``cache.transpose(2, 3)[..., t] += 0.5`` (issue 8's W4) writes
 one region through two chains. A read through the second chain is the first write's value,
@@ -15,13 +15,16 @@ import torch
 import xla_compat as xc
 from xla_compat import paths
 from tests.conftest import assert_same
+from tests.test_legacy_write_plans import _kv_step
 
 
-@pytest.fixture(autouse=True)
-def legacy():
-    import xla_compat.legacy  # noqa: F401  (registers the path)
-    with paths.activated("legacy"):
-        yield
+@pytest.fixture(autouse=True, params=["legacy", "functional"])
+def on_path(request):
+    """Every case on both paths against eager; the graph checks pin legacy's route."""
+    import xla_compat.legacy  # noqa: F401  (registers the paths)
+    import xla_compat.functional  # noqa: F401
+    with paths.activated(request.param):
+        yield request.param
 
 
 def _updates(t) -> int:
@@ -35,33 +38,28 @@ def _ops_of(t) -> list:
     return sorted(n.op for n in reaches([t._value]))
 
 
-def _kv_steps(cache, kv, positions):
-    for t in range(positions):
-        cache[:, :, t:t + 1] = kv[:, :, t:t + 1]
-        cache.transpose(2, 3)[..., t] += 0.5
-
-
-def test_a_decode_loop_writes_each_position_once_and_matches_eager():
+def test_a_decode_loop_writes_each_position_once_and_matches_eager(on_path):
     g = torch.Generator().manual_seed(0)
     cache, kv = torch.randn(2, 3, 8, 4, generator=g), torch.randn(2, 3, 4, 4, generator=g)
     dev = xc.device()
     dcache, dkv = cache.to(dev), kv.to(dev)
     xc.sync()
-    _kv_steps(cache, kv, 4)
-    _kv_steps(dcache, dkv, 4)
-    assert _updates(dcache) == 4          # one per position, not two
+    _kv_step(cache, kv, 4)
+    _kv_step(dcache, dkv, 4)
+    assert _updates(dcache) == 4          # one per position, not two (both paths)
     assert_same(dcache, cache)
     assert_same(dcache.sum(), cache.sum())
 
 
-def test_a_read_of_what_another_chain_just_wrote_is_that_value_rearranged():
+def test_a_read_of_what_another_chain_just_wrote_is_that_value_rearranged(on_path):
     base = torch.arange(24.0).reshape(2, 3, 4)
     x = base.clone().to(xc.device())
     xc.sync()
     src = torch.full((2, 1, 4), 7.0).to(xc.device())
     x[:, 1:2] = src
     got = x.transpose(1, 2)[..., 1]        # the same 8 elements, another order
-    assert "legacy.rebox" in _ops_of(got) and "legacy.view" not in _ops_of(got)
+    if on_path == "legacy":
+        assert "legacy.rebox" in _ops_of(got) and "legacy.view" not in _ops_of(got)
     expected = base.clone()
     expected[:, 1:2] = 7.0
     assert_same(got, expected.transpose(1, 2)[..., 1])
@@ -73,13 +71,14 @@ def test_a_read_of_what_another_chain_just_wrote_is_that_value_rearranged():
     lambda x: x[:, 1, :2],                      # fewer
     lambda x: x[:, 2],                          # others
 ], ids=["wider", "narrower", "elsewhere"])
-def test_reads_of_other_elements_read_the_base(read):
+def test_reads_of_other_elements_read_the_base(read, on_path):
     base = torch.arange(24.0).reshape(2, 3, 4)
     x = base.clone().to(xc.device())
     xc.sync()
     x[:, 1:2] = torch.full((2, 1, 4), -1.0).to(xc.device())
     got = read(x)
-    assert "legacy.rebox" not in _ops_of(got)
+    if on_path == "legacy":
+        assert "legacy.rebox" not in _ops_of(got)
     expected = base.clone()
     expected[:, 1:2] = -1.0
     assert_same(got, read(expected))
@@ -97,7 +96,7 @@ def test_a_write_in_another_dtype_is_read_back_in_the_base_dtype():
     assert_same(got, expected.transpose(1, 2)[..., 0])
 
 
-def test_a_second_write_of_the_same_elements_leaves_other_views_and_the_base_right():
+def test_a_second_write_of_the_same_elements_leaves_other_views_and_the_base_right(on_path):
     base = torch.arange(24.0).reshape(2, 3, 4)
     x = base.clone().to(xc.device())
     xc.sync()
@@ -109,7 +108,8 @@ def test_a_second_write_of_the_same_elements_leaves_other_views_and_the_base_rig
     expected[:, 1:2] = 5.0
     e_middle = expected[:, 1].clone()
     expected.transpose(1, 2)[..., 1] *= 2
-    assert _updates(x) == 1
+    if on_path == "legacy":
+        assert _updates(x) == 1
     assert_same(middle, e_middle)
     assert_same(old_view, expected[:, 1])
     assert_same(x, expected)
@@ -118,7 +118,7 @@ def test_a_second_write_of_the_same_elements_leaves_other_views_and_the_base_rig
     assert_same(old_view, expected[:, 1])
 
 
-def test_a_partial_second_write_keeps_both():
+def test_a_partial_second_write_keeps_both(on_path):
     base = torch.arange(24.0).reshape(2, 3, 4)
     x = base.clone().to(xc.device())
     xc.sync()
@@ -127,7 +127,8 @@ def test_a_partial_second_write_keeps_both():
     expected = base.clone()
     expected[:, 1:2] = 5.0
     expected.transpose(1, 2)[:2, 1] += 1
-    assert _updates(x) == 2
+    if on_path == "legacy":
+        assert _updates(x) == 2
     assert_same(x, expected)
 
 
