@@ -285,9 +285,7 @@ class Bitcast(ViewStep):
 def _box(chain: tuple, shape: tuple):
     """The one box of the base a chain of two or more permutes, selects and slices views (so a
     read or write is one slice or update of the base, no whole-base transposes), else None."""
-    if len(chain) < 2 or not all(isinstance(s, (Permute, Select, Slice)) for s in chain):
-        return None
-    return boxes.compose(tuple(shape), chain)
+    return box_of(chain, shape) if len(chain) >= 2 else None
 
 
 def box_of(chain: tuple, shape: tuple):
