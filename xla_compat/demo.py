@@ -184,6 +184,7 @@ def checkpoint_round_trip(job, args) -> str:
     with torch.no_grad():
         before = model(x, y).item()
     folder = args.checkpoint_dir or tempfile.mkdtemp(prefix="xla_compat_demo_")
+    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "gpt.pt")
     torch.save(model.state_dict(), path)
     fresh = GPT(len(data.vocab), seq=args.seq).to(dev)
