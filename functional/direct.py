@@ -404,6 +404,23 @@ def _with_number(op, functional, self, other, rest, kwargs):
     return self
 
 
+def _check_partial_overlap(op, self, other) -> None:
+    """Eager's error for an operand sharing some, not all, of the written tensor's memory.
+
+    Upstream's kernel checks on the inner tensors, which are separate values once a sync or a
+    write has passed (``v = t.unsqueeze(-1); v.mul_(-1); sync; v.add_(t)``); the wrappers keep
+    eager's storage and geometry."""
+    if (type(other) is torch.Tensor and _is_functional(other) and _is_functional(self)
+            and other.untyped_storage()._cdata == self.untyped_storage()._cdata
+            and other.element_size() == self.element_size()
+            and tracer.partial_overlap((tuple(self.shape), self.stride(), self.storage_offset()),
+                                       (tuple(other.shape), other.stride(),
+                                        other.storage_offset()))):
+        raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by {op} on the "
+                           f"functional path, operand {tuple(other.shape)} sharing memory with "
+                           f"the written {tuple(self.shape)}; nothing was written)")
+
+
 def _kernel(op, functional):
     upstream = torch.library.get_kernel(op, "Functionalize")
     number_as_tensor = isinstance(op._schema.arguments[1].type, torch.TensorType)
@@ -423,6 +440,7 @@ def _kernel(op, functional):
                 return done
         if number_as_tensor and not isinstance(other, torch.Tensor):
             return _with_number(op, functional, self, other, rest, kwargs)
+        _check_partial_overlap(op, self, other)
         return upstream.call_boxed(keyset, self, other, *rest, **kwargs)
     kernel.__name__ = f"direct_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return kernel

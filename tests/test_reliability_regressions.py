@@ -369,21 +369,41 @@ def test_an_uncastable_in_place_op_on_overlapping_windows_raises_like_eager(path
         assert torch.equal(d.cpu(), cpu)
 
 
+_PARTIAL_OVERLAP_WRITES = {
+    "add_": lambda v, t: v.add_(t), "sub_": lambda v, t: v.sub_(t, alpha=2),
+    "mul_": lambda v, t: v.mul_(t), "div_": lambda v, t: v.div_(t),
+    "copy_": lambda v, t: v.copy_(t),
+    "atan2_": lambda v, t: v.atan2_(t), "lerp_": lambda v, t: v.lerp_(t, 0.5),
+    "addcmul_": lambda v, t: v.addcmul_(t, t), "clamp_": lambda v, t: v.clamp_(min=t),
+    "pow_": lambda v, t: v.pow_(t),
+}
+# Checked on the wrappers by the functional path's own Functionalize kernels (functional/direct.py,
+# functional/checks.py); every other in-place op goes through upstream's kernel.
+_WRAPPER_CHECKED = ("add_", "sub_", "mul_", "div_", "copy_")
+
+
+@pytest.mark.parametrize("op", list(_PARTIAL_OVERLAP_WRITES))
 def test_in_place_op_from_a_partially_overlapping_view_after_a_sync_raises_like_eager(path, dev,
-                                                                                     request):
+                                                                                     op, request):
     # Fuzz (Dec 3, seed 2026): v = t.unsqueeze(-1) and t share their one element; eager calls
     # v.add_(t) a partial overlap. After a sync the functional path's inner tensors hold two
     # separate values and its in-place check (on the inner tensors) cannot see the sharing.
-    if path == "functional":
+    if path == "functional" and op not in _WRAPPER_CHECKED:
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): the in-place overlap check runs on inner tensors, which a sync "
-            "separates; copy_ is checked on the wrappers (functional/checks.py), other in-place "
-            "ops are not")))
-    cpu = torch.tensor(3)
+            "open (functional): upstream's Functionalize kernel checks overlap on the inner "
+            "tensors, which a sync separates; the wrappers are checked only for add_, sub_, "
+            "mul_, div_ (functional/direct.py), copy_ and out= ops (functional/checks.py)")))
+    write = _PARTIAL_OVERLAP_WRITES[op]
+    cpu = torch.tensor(3.)
+    with pytest.raises(RuntimeError, match="some elements of the input tensor"):
+        write(cpu.unsqueeze(-1), cpu)           # eager's verdict, as the reference
     d = cpu.to(dev)
     v = d.unsqueeze(-1)
     v.mul_(-1)
     xc.sync()
     with pytest.raises(RuntimeError, match="some elements of the input tensor"):
-        v.add_(d)
+        write(v, d)
     assert d.cpu().item() == -3
+    assert v.cpu().tolist() == [-3.0]
+    v.add_(1)                                    # and the tensors go on working
+    assert d.cpu().item() == -2
