@@ -213,15 +213,11 @@ def _copy_functionalize(keyset, self, src, non_blocking=False):
     done = direct.planned_copy(self, src)     # a memo of this path's verdict, where it holds
     if done is not None:
         return done
-    shared = (type(src) is torch.Tensor and _is_functional(src) and _is_functional(self)
-              and src.untyped_storage()._cdata == self.untyped_storage()._cdata)
+    shared = direct.shares_storage(self, src)
     if shared and direct.same_elements(self, src):
         return self
-    if (shared and src.element_size() == self.element_size()
-            and tracer.partial_overlap((tuple(self.shape), self.stride(), self.storage_offset()),
-                                       (tuple(src.shape), src.stride(), src.storage_offset()))):
-        raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by aten.copy_ on "
-                           f"the functional path; nothing was written)")
+    if shared:
+        direct.raise_on_partial_overlap(aten.copy_.default, self, src)
     if _is_functional(self) and expanded(self.shape, self.stride()):
         # eager's internal-overlap check of the written tensor (an expanded view)
         raise RuntimeError(f"{write_checks._INTERNAL_OVERLAP}\n  (xla_compat: raised by "

@@ -404,15 +404,19 @@ def _with_number(op, functional, self, other, rest, kwargs):
     return self
 
 
-def _check_partial_overlap(op, self, other) -> None:
-    """Eager's error for an operand sharing some, not all, of the written tensor's memory.
+def shares_storage(a, b) -> bool:
+    """``a`` and ``b`` are functional wrappers of one storage (``b`` may be anything)."""
+    return (type(b) is torch.Tensor and _is_functional(b) and _is_functional(a)
+            and b.untyped_storage()._cdata == a.untyped_storage()._cdata)
 
-    Upstream's kernel checks on the inner tensors, which are separate values once a sync or a
+
+def raise_on_partial_overlap(op, self, other) -> None:
+    """Eager's error where ``other``, of ``self``'s storage, shares some, not all, of its memory.
+
+    Upstream's kernels check on the inner tensors, which are separate values once a sync or a
     write has passed (``v = t.unsqueeze(-1); v.mul_(-1); sync; v.add_(t)``); the wrappers keep
     eager's storage and geometry."""
-    if (type(other) is torch.Tensor and _is_functional(other) and _is_functional(self)
-            and other.untyped_storage()._cdata == self.untyped_storage()._cdata
-            and other.element_size() == self.element_size()
+    if (other.element_size() == self.element_size()
             and tracer.partial_overlap((tuple(self.shape), self.stride(), self.storage_offset()),
                                        (tuple(other.shape), other.stride(),
                                         other.storage_offset()))):
@@ -440,7 +444,8 @@ def _kernel(op, functional):
                 return done
         if number_as_tensor and not isinstance(other, torch.Tensor):
             return _with_number(op, functional, self, other, rest, kwargs)
-        _check_partial_overlap(op, self, other)
+        if shares_storage(self, other):
+            raise_on_partial_overlap(op, self, other)
         return upstream.call_boxed(keyset, self, other, *rest, **kwargs)
     kernel.__name__ = f"direct_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return kernel
