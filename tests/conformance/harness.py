@@ -14,8 +14,10 @@ import gc
 import importlib
 import math
 import signal
+import sys
 import threading
 import time
+import unittest
 import warnings
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -28,6 +30,9 @@ from xla_compat import paths
 from . import skips
 
 DTYPES = (torch.float32, torch.int64, torch.bool, torch.bfloat16)
+DEVICE = "hlo"
+SAMPLE_TIMEOUT_S = 60
+
 
 # -- OpInfo sample generation without a source read per iterator ------------------------------------
 def _test_fn_from_frames():
@@ -36,8 +41,6 @@ def _test_fn_from_frames():
     frame's source and scans ``sys.modules`` per frame; every OpInfo sample iterator calls it
     (``TrackedInputIter``), which under pytest cost ~0.1 s per iterator (60 s to list the out=
     sweep's first samples). Our tests are not TestCases, so the walk finds nothing either way."""
-    import sys
-    import unittest
     frame = sys._getframe(1)
     while frame is not None:
         self_val = frame.f_locals.get("self")
@@ -55,9 +58,6 @@ def _cheap_sample_tracking() -> None:
 
 
 _cheap_sample_tracking()
-
-DEVICE = "hlo"
-SAMPLE_TIMEOUT_S = 60
 
 
 # -- which paths exist ------------------------------------------------------------------------------
