@@ -36,19 +36,18 @@ class FunctionalInner(LazyTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if not kwargs:
-            if id(func) in viewchain.OP_IDS:     # view copies and scatters: their own memo
-                ok = _VIEW_REPLAY.get(id(func))
-                if ok is None:
-                    ok = _view_replay_ok(func)
-                if ok:
-                    out = viewchain.replay(cls, func, args)
-                    if out is not None:
-                        return out
-            elif getattr(_state, "pending", None) is None:
-                out = tracer.replay(cls, func, args)     # an op traced before with this geometry
+        if id(func) in viewchain.OP_IDS:         # view copies and scatters: their own memo
+            ok = not kwargs and _VIEW_REPLAY.get(id(func))
+            if ok is None:
+                ok = _view_replay_ok(func)
+            if ok:
+                out = viewchain.replay(cls, func, args)
                 if out is not None:
                     return out
+        elif getattr(_state, "pending", None) is None:
+            out = tracer.replay(cls, func, args, False, kwargs)   # traced before, this geometry
+            if out is not None:
+                return out
         kwargs = kwargs or {}
         if len(types) > 1:
             tracer.check_paths(types, func)

@@ -36,10 +36,10 @@ _NUMBER = (int, float, bool)     # the numbers a write plan lifts (see _kinds)
 _TENSOR, _SCALAR = tracer._TENSOR, tracer._SCALAR   # write-plan argument kinds (0: static)
 
 
-def _static(x, parts: list) -> bool:
-    """Append a static argument's key as the tracer's plans hold it; False for one no plan may
-    hold."""
-    k = tracer.static_key(x)
+def _static(func, where, x, parts: list) -> bool:
+    """Append a non-tensor argument's key as the tracer's plans hold it (``where``: its position
+    or keyword); False for one no plan may hold."""
+    k = tracer.arg_key(func, where, x)
     if k is tracer.NO_KEY:
         return False
     parts.append(k)
@@ -49,14 +49,14 @@ def _static(x, parts: list) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Views: the metadata the meta kernel gave and the steps the handler appended to the chain.
 
-def view(func, args):
+def view(func, args, kwargs=None):
     """``func(*args)`` (a view op) from its plan; None where the full path must run."""
     x = args[0]
-    if type(x) is not LegacyTensor:
+    if type(x) is not LegacyTensor or kwargs:
         return None
     parts = [id(func), tracer.geometry(x), x._alias.nbytes]
-    for a in args[1:]:
-        if not _static(a, parts):
+    for i, a in enumerate(args[1:], 1):
+        if not _static(func, i, a, parts):
             return None
     key = tuple(parts)
     plan = _VIEW_PLANS.get(key)
@@ -106,35 +106,40 @@ def _vmeta(t) -> "ops.VMeta":
 class _WritePlan:
     """The node the full path built for one in-place op and key, to be built again."""
 
-    __slots__ = ("op", "rule", "args", "kinds", "avals", "sig")
+    __slots__ = ("op", "rule", "args", "kwargs", "kinds", "avals", "sig")
 
     def __init__(self, node: Node, kinds: tuple):
-        self.op, self.rule, self.args, self.kinds = node.op, node.rule, node.args, kinds
-        self.avals, self.sig = node.avals, node.sig_id()
+        self.op, self.rule, self.args, self.kwargs = node.op, node.rule, node.args, node.kwargs
+        self.kinds, self.avals, self.sig = kinds, node.avals, node.sig_id()
 
 
-def _write_key(func, dst, args):
+def _write_key(func, dst, args, kwargs):
     """The key of a write into ``dst`` = ``args[0]``, or None where no plan may hold it."""
     alias = dst._alias
     if alias.sharding is not None:
         return None
     parts = [id(func), views.injective(dst._chain), bool(dst._chain), alias.nbytes]
-    for i, a in enumerate(args):
+    names = sorted(kwargs) if kwargs else ()
+    for i, a in enumerate(tracer.call_values(args, kwargs)):
+        where = i if i < len(args) else names[i - len(args)]
+        if type(where) is str:
+            parts.append(where)
         if type(a) is LegacyTensor:
             # (its geometry; is it the written tensor, or another view of its storage?)
             parts.append((tracer.geometry(a), 2 if a is dst else a._alias is alias))
-        elif not _static(a, parts):
+        elif not _static(func, where, a, parts):
             return None
     return tuple(parts)
 
 
-def write(func, args):
-    """``func(*args)`` (an in-place op or copy_ writing ``args[0]``) from its plan; None where
-    the full path must run (it runs here on a plan's first sight, and records the plan)."""
+def write(func, args, kwargs=None):
+    """``func(*args, **kwargs)`` (an in-place op or copy_ writing ``args[0]``) from its plan;
+    None where the full path must run (it runs here on a plan's first sight, and records the
+    plan)."""
     dst = args[0]
-    if type(dst) is not LegacyTensor:
+    if type(dst) is not LegacyTensor or (kwargs and func is aten.copy_.default):
         return None
-    key = _write_key(func, dst, args)
+    key = _write_key(func, dst, args, kwargs)
     if key is None:
         return None
     plan = _WRITE_PLANS.get(key)
@@ -142,15 +147,15 @@ def write(func, args):
         with lock:
             return _bind_source(dst, args[1])
     if plan is not None:
-        return _replay_write(plan, dst, args)
+        return _replay_write(plan, dst, tracer.call_values(args, kwargs))
     if func is aten.copy_.default:
         return _first_copy(key, dst, args)
-    return _first_write(key, func, dst, args)
+    return _first_write(key, func, dst, args, kwargs or {})
 
 
-def _replay_write(plan: _WritePlan, dst, args):
+def _replay_write(plan: _WritePlan, dst, values):
     with lock:
-        dst._value = Value(tracer.plan_node(plan, args), 0)
+        dst._value = Value(tracer.plan_node(plan, values), 0)
     return dst
 
 
@@ -179,32 +184,35 @@ def _bind_source(dst, src):
     return dst
 
 
-def _first_write(key, func, dst, args):
+def _first_write(key, func, dst, args, kwargs):
     """An in-place op through the full path; its plan is recorded where that path built one
     node of the op (or its functional variant) on these arguments and rebound ``dst`` to it."""
     with lock:
-        before = [a._value if type(a) is LegacyTensor else None for a in args]
-        out = ops.dispatch(func, args, {})
+        values = tracer.call_values(args, kwargs)
+        before = [a._value if type(a) is LegacyTensor else None for a in values]
+        out = ops.dispatch(func, args, kwargs)
         if out is dst and key[1] and dst._gen == dst._alias.gen:
-            kinds = _kinds(func, dst, args, before)
-            if kinds is not None:
+            kinds = _kinds(func, dst, args, kwargs, before)
+            if kinds is not None and tracer.free_float_kinds_ok(func, args, kwargs, kinds):
                 tracer.keep(_WRITE_PLANS, key, _WritePlan(dst._v.node, kinds), _LIMIT)
     return out
 
 
-def _kinds(func, dst, args, before):
+def _kinds(func, dst, args, kwargs, before):
     """Each argument's place in the node ``dst`` now holds (tensor, lifted number or static),
-    or None where that node is not the plain out-of-place op on ``args``."""
+    or None where that node is not the plain out-of-place op on ``args`` and ``kwargs``."""
     v = dst._v
     node = v.node
     names, fresh, functional = tracer.mutation_info(func)
     rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
     if (v.index != 0 or node.rule is None or node.rule is not rule or rule.random
-            or node.kwargs or len(node.avals) != 1 or len(node.args) != len(args)
+            or len(node.avals) != 1 or len(node.args) != len(args)
+            or tuple(n for n, _ in node.kwargs) != tuple(sorted(kwargs))
             or node.avals[0] != ir.Aval(tuple(dst.shape), _jax.to_jax_dtype(dst.dtype))):
         return None
     kinds = []
-    for x, t, b in zip(args, node.args, before):
+    templates = (*node.args, *(t for _, t in node.kwargs))
+    for x, t, b in zip(tracer.call_values(args, kwargs), templates, before):
         if type(t) is Slot:
             got = node.inputs[t.k]
             if b is not None and got is b:

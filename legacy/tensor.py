@@ -57,14 +57,13 @@ class LegacyTensor(LazyTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if not kwargs:
-            planned = _plans(func)                   # the path's own plans (legacy/fast.py)
-            if planned is None:
-                out = tracer.replay(cls, func, args)  # an op traced before with this geometry
-            else:
-                out = planned(func, args)
-            if out is not None:
-                return out
+        planned = _plans(func)                       # the path's own plans (legacy/fast.py)
+        if planned is None:
+            out = tracer.replay(cls, func, args, False, kwargs)   # traced before, this geometry
+        else:
+            out = planned(func, args, kwargs)
+        if out is not None:
+            return out
         if len(types) > 1:
             tracer.check_paths(types, func)
         return _ops.dispatch(func, args, kwargs or {})

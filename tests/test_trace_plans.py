@@ -110,3 +110,108 @@ def test_nodes_are_counted_for_replayed_ops(path, dev):
     y = y * 3
     assert metrics.counter("IrNodes") - before == 2
     assert_same(y, torch.full((2, 2), 9.0))
+
+
+def _full_traces(fn):
+    """The ops ``fn`` builds through the full tracer (``make_node``; plans build the rest)."""
+    built = []
+    real = tracer.make_node
+
+    def spy(func, *args):
+        built.append(str(func))
+        return real(func, *args)
+    tracer.make_node = spy
+    try:
+        fn()
+    finally:
+        tracer.make_node = real
+    return built
+
+
+def _momentum_step(p, buf, g, lr):
+    """An optimizer's in-place updates: keywords (alpha=, value=) and a step size that changes
+    every step, as in SGD with momentum and Adam."""
+    buf.mul_(0.9).add_(g, alpha=0.1)
+    p.add_(buf, alpha=-lr)
+    p.addcdiv_(g, buf.abs() + 1, value=-lr / 3)
+    # two keyword numbers, passed in schema order (beta before alpha), not by name
+    mixed = torch.addmm(p[:, :4], buf[:, :4], g[:4, :4], beta=0.5, alpha=lr)
+    return torch.clamp(p, min=-lr, max=lr * 10) / (1 - 0.9 ** (1 / lr)), mixed
+
+
+def test_keyword_calls_and_changing_step_sizes_replay_from_plans(path, dev):
+    g = torch.Generator().manual_seed(3)
+    p, buf, grad = (torch.randn(4, 5, generator=g) for _ in range(3))
+    pd, bufd, gradd = p.to(dev), buf.to(dev), grad.to(dev)
+    for step in range(5):
+        lr = 0.1 / (step + 1)
+        want = _momentum_step(p, buf, grad, lr)
+        got = []
+        built = _full_traces(lambda: got.append(_momentum_step(pd, bufd, gradd, lr)))
+        if step >= 2:   # every op of the step has its plan: alpha, value and lr are lifted
+            assert built == [], built
+        if step == 2:
+            compiles = metrics.counter("UncachedCompile")
+        assert_same(got[0], want, msg=f"step {step}")
+        assert_same(pd, p, msg=f"step {step}")
+        assert_same(bufd, buf, msg=f"step {step}")
+    assert metrics.counter("UncachedCompile") == compiles
+
+
+def test_tensor_lists_and_changing_scalar_lists_replay_from_plans(path, dev):
+    g = torch.Generator().manual_seed(4)
+    xs = [torch.randn(3, generator=g), torch.randn(2, 2, generator=g)]
+    ys = [torch.randn(3, generator=g), torch.randn(2, 2, generator=g)]
+    xd, yd = [x.to(dev) for x in xs], [y.to(dev) for y in ys]
+    for step in range(4):
+        scalars = [0.5 / (step + 1), -0.25 * (step + 1)]
+
+        def program(xs, ys):
+            out = torch._foreach_add(xs, ys, alpha=-0.1 * (step + 1))
+            out = torch._foreach_div(out, scalars)
+            return torch._foreach_addcmul(out, xs, ys, scalars)
+        got = []
+        built = _full_traces(lambda: got.append(program(xd, yd)))
+        if step >= 1:
+            assert built == [], built
+        assert_same(got[0], program(xs, ys), msg=f"step {step}")
+        torch._foreach_mul_(xd, scalars)            # in place: correct on both paths
+        torch._foreach_mul_(xs, scalars)
+        assert_same(xd, xs, msg=f"step {step}")
+
+
+def test_floats_that_decide_something_at_trace_time_keep_their_value_in_the_key(path, dev):
+    # softshrink's meta kernel checks lambd >= 0: a plan keyed by the float's type alone would
+    # replay past eager's error.
+    x = torch.randn(6)
+    xd = x.to(dev)
+    for lambd in (0.5, 0.25, 0.75):
+        assert_same(torch.nn.functional.softshrink(xd, lambd),
+                    torch.nn.functional.softshrink(x, lambd))
+    for t in (x, xd):       # (the meta kernel words the range's bound and dtype its own way)
+        with pytest.raises(RuntimeError, match=r"lambda must be in range \[0, .*found -0.5"):
+            torch.nn.functional.softshrink(t, -0.5)
+    # nan_to_num's replacements are compile-time constants (float, not Scalar): each value is
+    # its own plan and graph.
+    y = torch.tensor([float("nan"), 1.0, float("inf")])
+    yd = y.to(dev)
+    for nan in (0.0, 2.0, -3.0):
+        assert_same(torch.nan_to_num(yd, nan=nan, posinf=9.0),
+                    torch.nan_to_num(y, nan=nan, posinf=9.0))
+
+
+def test_output_masks_key_plans_apart(path, dev):
+    # native_layer_norm_backward's output_mask (a list of bools) decides which gradients exist
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(3, 4, generator=g), torch.randn(4, generator=g)
+    for weight_grad in (False, True, False, True):
+        want_x = x.clone().requires_grad_()
+        want_w = w.clone().requires_grad_(weight_grad)
+        torch.nn.functional.layer_norm(want_x, (4,), want_w).pow(2).sum().backward()
+        got_x = x.to(dev).requires_grad_()
+        got_w = w.to(dev).requires_grad_(weight_grad)
+        torch.nn.functional.layer_norm(got_x, (4,), got_w).pow(2).sum().backward()
+        assert_same(got_x.grad, want_x.grad, rtol=1e-5)
+        assert (got_w.grad is None) == (want_w.grad is None)
+        if weight_grad:
+            assert_same(got_w.grad, want_w.grad, rtol=1e-5)

@@ -54,10 +54,9 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if not kwargs:
-            out = _tracer.replay(cls, func, args)
-            if out is not None:
-                return out
+        out = _tracer.replay(cls, func, args, False, kwargs)
+        if out is not None:
+            return out
         if len(types) > 1:
             _tracer.check_paths(types, func)
         return _tracer.trace(cls, func, args, kwargs or {})

@@ -159,7 +159,8 @@ class _Template:
 
     def build(self, args, kwargs):
         a = tuple(self.convert(x, i in self.lift_pos) for i, x in enumerate(args))
-        k = tuple(sorted((n, self.convert(v, n in self.lift_kw)) for n, v in kwargs.items()))
+        # (by name: inputs come in ``call_values``' order, as a plan replays them)
+        k = tuple((n, self.convert(kwargs[n], n in self.lift_kw)) for n in sorted(kwargs))
         return a, k
 
 
@@ -516,15 +517,15 @@ def trace(cls, func, args, kwargs):
             return trace_mutation(cls, func, args, kwargs)
         rule = registry.lookup(func)
         if rule is not None:
-            planned = not kwargs and not rule.random
+            planned = not rule.random
             if planned:      # (a path's handler that declined the op may bring it here)
-                out = replay(cls, func, args, handled=True)
+                out = replay(cls, func, args, True, kwargs)
                 if out is not None:
                     return out
             meta_out, _ = meta(func, args, kwargs)
             node = make_node(func, rule, args, kwargs, _flat_tensors(meta_out))
             if planned:
-                _remember_plan(cls, func, args, node, meta_out)
+                _remember_plan(cls, func, args, kwargs, node, meta_out)
             return wrap_outputs(cls, meta_out, node)
         return decompose_or_fallback(cls, func, args, kwargs)
 
@@ -538,13 +539,14 @@ def trace(cls, func, args, kwargs):
 class Plan:
     """What ``trace`` did for one op and argument geometry, to be done again."""
 
-    __slots__ = ("op", "rule", "args", "kinds", "avals", "outs", "single", "sig", "geos",
-                 "first")
+    __slots__ = ("op", "rule", "args", "kwargs", "kinds", "avals", "outs", "single", "sig",
+                 "geos", "first")
 
-    def __init__(self, op, rule, args, kinds, avals, outs, single, sig, first):
-        self.op, self.rule, self.args, self.kinds = op, rule, args, kinds
-        self.avals, self.outs, self.single, self.sig = avals, outs, single, sig
+    def __init__(self, op, rule, args, kwargs, kinds, avals, outs, single, sig, first):
+        self.op, self.rule, self.args, self.kwargs = op, rule, args, kwargs
+        self.kinds, self.avals, self.outs, self.single, self.sig = kinds, avals, outs, single, sig
         self.first = first        # may replay before the path's own handling (plans_ok)
+        # single: None for one output tensor, else the type of the output sequence
         # each output's geometry as a plan key holds it (see _geometry_of)
         self.geos = tuple((tuple(m.shape), tuple(m.stride), m.dtype, m.offset) for m in outs)
 
@@ -558,29 +560,119 @@ def keep(table: dict, key, value, limit: int):
     return value
 
 
-_TENSOR, _SCALAR = 1, 2         # plan argument kinds (0: static, already in the template)
+# Plan argument kinds (0: static, already in the template): a tensor, a lifted number, and lists
+# of each (a foreach op's Tensor[] and Scalar[]).
+_TENSOR, _SCALAR, _TENSORS, _SCALARS = 1, 2, 3, 4
 _PLANS: dict = {}
 _PLAN_LIMIT = 65536
 
 
-def _plan_key(cls, func, args):
-    """The plan key of a keyword-free call whose arguments are ``cls`` tensors, numbers, None,
-    dtypes or tuples of ints; None for anything else (the call takes the full tracer). Runs
-    once per traced op (``replay``): a tensor's geometry comes from its cache."""
+def _plan_key(cls, func, args, kwargs=None):
+    """The plan key of a call whose arguments are ``cls`` tensors, numbers, static values or
+    lists of ints, floats or ``cls`` tensors (``arg_key``); None for anything else (the call
+    takes the full tracer). Runs once per
+    traced op (``replay``): a tensor's geometry comes from its cache. Keyword arguments follow
+    the positional ones by name (``call_values`` lists their values in that order)."""
     parts = [id(func), cls]
-    for x in args:
+    for i, x in enumerate(args):
         tx = type(x)
         if tx is cls:
             g = x._geo                     # geometry(x), inline: this runs for every op
             parts.append(g if g is not None and not CHECK_GEOMETRY else _geometry_of(x))
-        elif tx is float or tx is int:
+        elif tx is int:
             parts.append((tx, x))          # static_key's for a number, inline
         else:
-            k = static_key(x)
+            k = arg_key(func, i, x, cls)
             if k is NO_KEY:
                 return None
             parts.append(k)
+    if kwargs:
+        for name in sorted(kwargs):
+            x = kwargs[name]
+            if type(x) is cls:
+                k = geometry(x)
+            else:
+                k = arg_key(func, name, x, cls)
+                if k is NO_KEY:
+                    return None
+            parts.append(name)
+            parts.append(k)
     return tuple(parts)
+
+
+def call_values(args, kwargs) -> tuple:
+    """The arguments in the order plan keys and templates list them: positional, then keyword
+    by name."""
+    if not kwargs:
+        return args
+    return (*args, *(kwargs[n] for n in sorted(kwargs)))
+
+
+# Ops whose Python-float arguments in Scalar (or wrapped-number) positions are lifted to run-time
+# parameters and decide nothing at trace time: not the output's shape, dtype or strides, and no
+# check of eager's (alpha, clamp bounds and exponents are checked for overflow, so only floats
+# that no float dtype overflows on qualify). A plan key holds such a float's type, not its
+# value: a learning rate, bias correction or step size that changes every step replays one
+# plan, and the graph takes the value at run time (ScalarParam) as before.
+_FREE_FLOAT_OPS = frozenset({"add", "sub", "rsub", "mul", "div", "true_divide", "addcmul",
+                             "addcdiv", "lerp", "clamp", "clamp_min", "clamp_max", "pow",
+                             "addmm", "addmv", "addbmm", "baddbmm", "addr"})
+_HALF_MAX = 65504.0             # float16's largest finite value (the narrowest float dtype)
+_FREE: dict = {}                # id(func) -> positions and keyword names of free floats
+
+
+_FREE_FLOAT_OPS |= {"_foreach_" + name for name in _FREE_FLOAT_OPS}
+
+
+def arg_key(func, where, x, cls=None):
+    """What a plan key holds for ``func``'s argument ``x`` (not a ``cls`` tensor) at position
+    or keyword ``where``: ``static_key``'s, but only the type of a free float (or the type and
+    length of a list of them; ``_FREE_FLOAT_OPS``), and each geometry of a list of ``cls``
+    tensors."""
+    tx = type(x)
+    if tx is float:
+        if -_HALF_MAX <= x <= _HALF_MAX and where in free_floats(func):
+            return float
+    elif (tx is list or tx is tuple) and x:
+        t0 = type(x[0])
+        if t0 is cls and all(type(e) is cls for e in x):
+            return (tx, _TENSORS, tuple(map(geometry, x)))
+        if (t0 is float and all(type(e) is float and -_HALF_MAX <= e <= _HALF_MAX for e in x)
+                and where in free_floats(func)):
+            return (tx, float, len(x))
+    return static_key(x)
+
+
+def free_floats(func) -> frozenset:
+    """Positions and keyword names of ``func``'s free floats (``_FREE_FLOAT_OPS``)."""
+    free = _FREE.get(id(func))
+    if free is None:
+        free = _FREE[id(func)] = _free_floats(func)
+    return free
+
+
+def _free_floats(func) -> frozenset:
+    name = func._schema.name.split("::", 1)[1]
+    if name.rstrip("_") not in _FREE_FLOAT_OPS:
+        return frozenset()
+    functional = mutation_info(func)[2] if func._schema.is_mutable else None
+    rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
+    if rule is None or rule.static or rule.random:
+        return frozenset()
+    pos, kw = scalar_args(func)
+    return pos | kw
+
+
+def free_float_kinds_ok(func, args, kwargs, kinds) -> bool:
+    """Does every free float of the call take lifted slots (kind _SCALAR or _SCALARS) in a
+    plan's template? A plan whose key holds only a float's type must not bake its value in."""
+    for i, (x, kind) in enumerate(zip(call_values(args, kwargs), kinds)):
+        if kind != _SCALAR and kind != _SCALARS:
+            where = i if i < len(args) else sorted(kwargs)[i - len(args)]
+            k = arg_key(func, where, x)
+            if k is float or (type(k) is tuple and len(k) == 3 and k[1] is float):
+                return False
+    return True
 
 
 NO_KEY = object()
@@ -592,33 +684,46 @@ def static_key(x):
     tx = type(x)
     if tx in _NUMBER:
         return (tx, x)
-    if x is None or tx is torch.dtype:
+    if x is None or tx in _STATIC:
         return x
-    if (tx is list or tx is tuple) and all(type(e) is int for e in x):
-        return (tx, tuple(x))
+    if tx is list or tx is tuple:
+        if all(type(e) is int for e in x):
+            return (tx, tuple(x))
+        if all(type(e) is bool for e in x):          # (an output mask: kept apart from 0, 1)
+            return (tx, bool, tuple(x))
     return NO_KEY
 
 
-def _remember_plan(cls, func, args, node: Node, meta_out) -> None:
-    key = _plan_key(cls, func, args)
+# Static argument types a plan key holds as they are (hashable, and equal only when alike).
+_STATIC = frozenset({torch.dtype, torch.memory_format, torch.layout, torch.device, str})
+
+
+def _remember_plan(cls, func, args, kwargs, node: Node, meta_out) -> None:
+    key = _plan_key(cls, func, args, kwargs)
     if key is None:
         return
     kinds = []
-    for x, t in zip(args, node.args):
+    templates = (*node.args, *(t for _, t in node.kwargs))
+    for x, t in zip(call_values(args, kwargs), templates):
         if type(t) is Slot:
             kinds.append(_TENSOR if isinstance(x, torch.Tensor) else _SCALAR)
         elif type(t) is tuple and any(type(e) is Slot for e in t):
-            return                    # a list holding tensors or lifted numbers
+            if not all(type(e) is Slot for e in t):
+                return                # a list mixing tensors or lifted numbers with others
+            kinds.append(_TENSORS if isinstance(x[0], torch.Tensor) else _SCALARS)
         else:
             kinds.append(0)
+    if not free_float_kinds_ok(func, args, kwargs, kinds):
+        return
     if isinstance(meta_out, TMeta):
-        outs, single = (meta_out,), True
-    elif isinstance(meta_out, tuple) and meta_out and all(type(m) is TMeta for m in meta_out):
-        outs, single = tuple(meta_out), False
+        outs, single = (meta_out,), None
+    elif (type(meta_out) in (tuple, list) and meta_out
+          and all(type(m) is TMeta for m in meta_out)):
+        outs, single = tuple(meta_out), type(meta_out)
     else:
         return
-    keep(_PLANS, key, Plan(node.op, node.rule, node.args, tuple(kinds), node.avals, outs,
-                           single, node.sig_id(), cls.plans_ok(func)), _PLAN_LIMIT)
+    keep(_PLANS, key, Plan(node.op, node.rule, node.args, node.kwargs, tuple(kinds), node.avals,
+                           outs, single, node.sig_id(), cls.plans_ok(func)), _PLAN_LIMIT)
 
 
 # Other caches of what tracing an op gives (a path's own), dropped with the plans.
@@ -628,23 +733,24 @@ plan_memos: list = []
 def forget_plans() -> None:
     """Drop every plan (a rule was replaced: ``registry.override``)."""
     _PLANS.clear()
+    _FREE.clear()
     for memo in plan_memos:
         memo.clear()
 
 
-def replay(cls, func, args, handled=False):
-    """The result of ``trace(cls, func, args, {})`` from its plan, or None without one.
+def replay(cls, func, args, handled=False, kwargs=None):
+    """The result of ``trace(cls, func, args, kwargs)`` from its plan, or None without one.
 
     First thing in a path's ``__torch_dispatch__`` only ops the path leaves to the tracer
     (``plans_ok``) replay; once the path has ``handled`` the op and called ``trace``, every op's
     plan replays (a plan is what the tracer alone did)."""
-    key = _plan_key(cls, func, args)
+    key = _plan_key(cls, func, args, kwargs)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None or not (handled or plan.first):
         return None
     with lock:
-        node = plan_node(plan, args, 3)     # past replay's caller (a __torch_dispatch__)
-        if plan.single:
+        node = plan_node(plan, call_values(args, kwargs), 3)   # past replay's caller
+        if plan.single is None:
             m = plan.outs[0]
             t = cls(_value_of(node, 0), m.shape, m.dtype, m.stride, m.offset)
             t._geo = plan.geos[0]
@@ -654,7 +760,7 @@ def replay(cls, func, args, handled=False):
             t = cls(_value_of(node, i), m.shape, m.dtype, m.stride, m.offset)
             t._geo = plan.geos[i]
             outs.append(t)
-        return tuple(outs)
+        return outs if plan.single is list else tuple(outs)
 
 
 def _value_of(node: Node, index: int) -> Value:
@@ -666,9 +772,10 @@ _new_tuple = tuple.__new__
 
 
 def plan_node(plan, args, depth: int = 1) -> Node:
-    """The node a plan (op, rule, argument template, ``kinds`` of the arguments, avals, interned
-    signature) builds on ``args``: their values where it takes tensors, new lifted numbers where
-    it takes numbers. Called with the tracer lock held; ``depth`` as for ``traced_node``."""
+    """The node a plan (op, rule, argument and keyword templates, ``kinds`` of the arguments,
+    avals, interned signature) builds on ``args`` (``call_values``' order): their values where
+    it takes tensors, new lifted numbers where it takes numbers. Called with the tracer lock
+    held; ``depth`` as for ``traced_node``."""
     inputs = []
     for kind, x in zip(plan.kinds, args):
         if kind == _TENSOR:
@@ -678,20 +785,28 @@ def plan_node(plan, args, depth: int = 1) -> Node:
             inputs.append(v)
         elif kind == _SCALAR:
             inputs.append(_new_tuple(Value, (ScalarParam(x), 0)))
+        elif kind == _TENSORS:
+            for t in x:
+                v = t._value
+                if type(v.node) is _POISONED:
+                    raise v.node.error
+                inputs.append(v)
+        elif kind == _SCALARS:
+            inputs.extend(_new_tuple(Value, (ScalarParam(e), 0)) for e in x)
     return traced_node(plan.op, plan.rule, plan.args, tuple(inputs), plan.avals, plan.sig,
-                       depth + 1)
+                       depth + 1, plan.kwargs)
 
 
 _COUNTERS = metrics._counters
 
 
 def traced_node(op: str, rule, template: tuple, inputs: tuple, avals: tuple, sig,
-                depth: int = 1) -> Node:
+                depth: int = 1, kw_template: tuple = ()) -> Node:
     """A new node of the user's program (keyword-free template), its source line recorded when
     XLA_IR_DEBUG is on and counted in IrNodes. Called with the tracer lock held. The search for
     the user's line starts ``depth`` frames up from this function (1: its caller); a caller
     that knows the frames above it are library code passes more."""
-    node = Node(op, rule, template, (), inputs, avals,
+    node = Node(op, rule, template, kw_template, inputs, avals,
                 ir.user_frame(depth + 1) if settings.get().ir_debug else None, sig)
     _COUNTERS["IrNodes"] += 1         # metrics.bump, inline: the tracer lock is held
     return node
