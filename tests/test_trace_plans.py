@@ -152,10 +152,20 @@ def test_keyword_calls_and_changing_step_sizes_replay_from_plans(path, dev):
             assert built == [], built
         if step == 2:
             compiles = metrics.counter("UncachedCompile")
+            tables = _memo_sizes()
         assert_same(got[0], want, msg=f"step {step}")
         assert_same(pd, p, msg=f"step {step}")
         assert_same(bufd, buf, msg=f"step {step}")
     assert metrics.counter("UncachedCompile") == compiles
+    assert _memo_sizes() == tables      # a new step size is no new plan, meta or check entry
+
+
+def _memo_sizes() -> dict:
+    from xla_compat.functional import writes_eager
+    from xla_compat.legacy import fast
+    memos = {"plans": tracer._PLANS, "meta": tracer._META_CACHE,
+             "legacy writes": fast._WRITE_PLANS, "functional meta references": writes_eager._PASSED}
+    return {name: len(memo) for name, memo in memos.items()}
 
 
 def test_tensor_lists_and_changing_scalar_lists_replay_from_plans(path, dev):

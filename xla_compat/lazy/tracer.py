@@ -333,14 +333,20 @@ _EAGER_OUTPUTS: dict = {}
 eager_output = op_table(_EAGER_OUTPUTS)  # fn(func, bound, out) -> out for ops; see ``meta``
 
 
-def _flat_key(func, args):
-    """The meta-cache key of a call whose arguments are tensors, numbers, None or dtypes (the
-    common case, built without recursion); None otherwise. ``id(func)``: overloads live for the
-    process, and OpOverload.__hash__ is Python code."""
+def _flat_key(func, args, kwargs=None):
+    """The meta-cache key of a call whose arguments are tensors, numbers, None, dtypes or lists
+    of free floats (the common case, built without recursion); None otherwise. A free float
+    (``arg_key``) is keyed by its type: it decides no output metadata and no check.
+    ``id(func)``: overloads live for the process, and OpOverload.__hash__ is Python code."""
     parts = [id(func)]
-    for x in args:
+    for i, x in enumerate(call_values(args, kwargs)):
         tx = type(x)
-        if tx in _NUMBER:
+        if tx is float or tx is list or tx is tuple:
+            k = arg_key(func, i if i < len(args) else sorted(kwargs)[i - len(args)], x)
+            if k is NO_KEY:
+                return None
+            parts.append(k)
+        elif tx in _NUMBER:
             parts.append((tx, x))
         elif isinstance(x, torch.Tensor):
             parts.append((x.shape, x.stride(), x.dtype, x.storage_offset()))
@@ -348,6 +354,8 @@ def _flat_key(func, args):
             parts.append(x)
         else:
             return None
+    if kwargs:
+        parts.append(tuple(sorted(kwargs)))
     return tuple(parts)
 
 
@@ -361,7 +369,7 @@ def meta(func, args, kwargs):
     Cached on the op and its arguments' shapes, strides, dtypes and static values, so a traced
     loop runs each distinct op's meta kernel once. Errors are never cached.
     """
-    key = _flat_key(func, args) if not kwargs else None
+    key = _flat_key(func, args, kwargs)
     if key is None:
         key = call_key([id(func)], args, kwargs)
     if key is not None:
