@@ -36,10 +36,10 @@ _NUMBER = (int, float, bool)     # the numbers a write plan lifts (see _kinds)
 _TENSOR, _SCALAR = tracer._TENSOR, tracer._SCALAR   # write-plan argument kinds (0: static)
 
 
-def _static(func, where, x, parts: list) -> bool:
-    """Append a non-tensor argument's key as the tracer's plans hold it (``where``: its position
-    or keyword); False for one no plan may hold."""
-    k = tracer.arg_key(func, where, x)
+def _static(func, x, parts: list) -> bool:
+    """Append a non-tensor argument's key as the tracer's plans hold it; False for one no plan
+    may hold."""
+    k = tracer.arg_key(func, x)
     if k is tracer.NO_KEY:
         return False
     parts.append(k)
@@ -55,8 +55,8 @@ def view(func, args, kwargs=None):
     if type(x) is not LegacyTensor or kwargs:
         return None
     parts = [id(func), tracer.geometry(x), x._alias.nbytes]
-    for i, a in enumerate(args[1:], 1):
-        if not _static(func, i, a, parts):
+    for a in args[1:]:
+        if not _static(func, a, parts):
             return None
     key = tuple(parts)
     plan = _VIEW_PLANS.get(key)
@@ -119,15 +119,13 @@ def _write_key(func, dst, args, kwargs):
     if alias.sharding is not None:
         return None
     parts = [id(func), views.injective(dst._chain), bool(dst._chain), alias.nbytes]
-    names = sorted(kwargs) if kwargs else ()
-    for i, a in enumerate(tracer.call_values(args, kwargs)):
-        where = i if i < len(args) else names[i - len(args)]
-        if type(where) is str:
-            parts.append(where)
+    if kwargs:
+        parts.append(tuple(sorted(kwargs)))
+    for a in tracer.call_values(args, kwargs):
         if type(a) is LegacyTensor:
             # (its geometry; is it the written tensor, or another view of its storage?)
             parts.append((tracer.geometry(a), 2 if a is dst else a._alias is alias))
-        elif not _static(func, where, a, parts):
+        elif not _static(func, a, parts):
             return None
     return tuple(parts)
 

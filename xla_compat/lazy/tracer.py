@@ -339,10 +339,10 @@ def _flat_key(func, args, kwargs=None):
     (``arg_key``) is keyed by its type: it decides no output metadata and no check.
     ``id(func)``: overloads live for the process, and OpOverload.__hash__ is Python code."""
     parts = [id(func)]
-    for i, x in enumerate(call_values(args, kwargs)):
+    for x in call_values(args, kwargs):
         tx = type(x)
         if tx is float or tx is list or tx is tuple:
-            k = arg_key(func, i if i < len(args) else sorted(kwargs)[i - len(args)], x)
+            k = arg_key(func, x)
             if k is NO_KEY:
                 return None
             parts.append(k)
@@ -578,33 +578,34 @@ _PLAN_LIMIT = 65536
 def _plan_key(cls, func, args, kwargs=None):
     """The plan key of a call whose arguments are ``cls`` tensors, numbers, static values or
     lists of ints, floats or ``cls`` tensors (``arg_key``); None for anything else (the call
-    takes the full tracer). Runs once per
-    traced op (``replay``): a tensor's geometry comes from its cache. Keyword arguments follow
-    the positional ones by name (``call_values`` lists their values in that order)."""
+    takes the full tracer). Runs once per traced op (``replay``): a tensor's geometry comes
+    from its cache. Keyword arguments follow the positional ones by name (``call_values``
+    lists their values in that order)."""
     parts = [id(func), cls]
-    for i, x in enumerate(args):
+    for x in args:
         tx = type(x)
         if tx is cls:
             g = x._geo                     # geometry(x), inline: this runs for every op
             parts.append(g if g is not None and not CHECK_GEOMETRY else _geometry_of(x))
         elif tx is int:
             parts.append((tx, x))          # static_key's for a number, inline
+        elif tx is float:                  # arg_key's, inline (W1's x * 0.5)
+            free = _FREE.get(id(func))
+            if free is None:
+                free = free_floats(func)
+            parts.append(float if free and -_HALF_MAX <= x <= _HALF_MAX else (tx, x))
         else:
-            k = arg_key(func, i, x, cls)
+            k = arg_key(func, x, cls)
             if k is NO_KEY:
                 return None
             parts.append(k)
     if kwargs:
         for name in sorted(kwargs):
             x = kwargs[name]
-            if type(x) is cls:
-                k = geometry(x)
-            else:
-                k = arg_key(func, name, x, cls)
-                if k is NO_KEY:
-                    return None
             parts.append(name)
-            parts.append(k)
+            parts.append(geometry(x) if type(x) is cls else arg_key(func, x, cls))
+        if NO_KEY in parts:
+            return None
     return tuple(parts)
 
 
@@ -616,68 +617,67 @@ def call_values(args, kwargs) -> tuple:
     return (*args, *(kwargs[n] for n in sorted(kwargs)))
 
 
-# Ops whose Python-float arguments in Scalar (or wrapped-number) positions are lifted to run-time
-# parameters and decide nothing at trace time: not the output's shape, dtype or strides, and no
-# check of eager's (alpha, clamp bounds and exponents are checked for overflow, so only floats
-# that no float dtype overflows on qualify). A plan key holds such a float's type, not its
-# value: a learning rate, bias correction or step size that changes every step replays one
-# plan, and the graph takes the value at run time (ScalarParam) as before.
+# Ops whose Python-float arguments all sit in Scalar (or wrapped-number) positions, which are
+# lifted to run-time parameters and decide nothing at trace time: not the output's shape, dtype
+# or strides, and no check of eager's (alpha, clamp bounds and exponents are checked for
+# overflow, so only floats that no float dtype overflows on qualify). A plan key holds such a
+# float's type, not its value: a learning rate, bias correction or step size that changes every
+# step replays one plan, and the graph takes the value at run time (ScalarParam) as before.
 _FREE_FLOAT_OPS = frozenset({"add", "sub", "rsub", "mul", "div", "true_divide", "addcmul",
                              "addcdiv", "lerp", "clamp", "clamp_min", "clamp_max", "pow",
                              "addmm", "addmv", "addbmm", "baddbmm", "addr"})
-_HALF_MAX = 65504.0             # float16's largest finite value (the narrowest float dtype)
-_FREE: dict = {}                # id(func) -> positions and keyword names of free floats
-
-
 _FREE_FLOAT_OPS |= {"_foreach_" + name for name in _FREE_FLOAT_OPS}
+_HALF_MAX = 65504.0             # float16's largest finite value (the narrowest float dtype)
+_FREE: dict = {}                # id(func) -> are its floats free (see _free_floats)
 
 
-def arg_key(func, where, x, cls=None):
-    """What a plan key holds for ``func``'s argument ``x`` (not a ``cls`` tensor) at position
-    or keyword ``where``: ``static_key``'s, but only the type of a free float (or the type and
-    length of a list of them; ``_FREE_FLOAT_OPS``), and each geometry of a list of ``cls``
-    tensors."""
+def arg_key(func, x, cls=None):
+    """What a plan key holds for ``func``'s argument ``x`` (not a ``cls`` tensor):
+    ``static_key``'s, but only the type of a free float (or the type and length of a list of
+    them; ``_FREE_FLOAT_OPS``), and each geometry of a list of ``cls`` tensors."""
     tx = type(x)
     if tx is float:
-        if -_HALF_MAX <= x <= _HALF_MAX and where in free_floats(func):
+        if -_HALF_MAX <= x <= _HALF_MAX and free_floats(func):
             return float
     elif (tx is list or tx is tuple) and x:
         t0 = type(x[0])
         if t0 is cls and all(type(e) is cls for e in x):
             return (tx, _TENSORS, tuple(map(geometry, x)))
         if (t0 is float and all(type(e) is float and -_HALF_MAX <= e <= _HALF_MAX for e in x)
-                and where in free_floats(func)):
+                and free_floats(func)):
             return (tx, float, len(x))
     return static_key(x)
 
 
-def free_floats(func) -> frozenset:
-    """Positions and keyword names of ``func``'s free floats (``_FREE_FLOAT_OPS``)."""
+def free_floats(func) -> bool:
+    """Are ``func``'s floats free (``_FREE_FLOAT_OPS``)? Decided once per op."""
     free = _FREE.get(id(func))
     if free is None:
         free = _FREE[id(func)] = _free_floats(func)
     return free
 
 
-def _free_floats(func) -> frozenset:
+def _free_floats(func) -> bool:
     name = func._schema.name.split("::", 1)[1]
     if name.rstrip("_") not in _FREE_FLOAT_OPS:
-        return frozenset()
+        return False
     functional = mutation_info(func)[2] if func._schema.is_mutable else None
     rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
     if rule is None or rule.static or rule.random:
-        return frozenset()
-    pos, kw = scalar_args(func)
-    return pos | kw
+        return False
+    # every argument that can hold a float is lifted (no float-typed static argument)
+    return not any(isinstance(a.type, torch.FloatType) or (
+        isinstance(a.type, (torch.OptionalType, torch.ListType))
+        and isinstance(a.type.getElementType(), torch.FloatType))
+        for a in func._schema.arguments)
 
 
 def free_float_kinds_ok(func, args, kwargs, kinds) -> bool:
     """Does every free float of the call take lifted slots (kind _SCALAR or _SCALARS) in a
     plan's template? A plan whose key holds only a float's type must not bake its value in."""
-    for i, (x, kind) in enumerate(zip(call_values(args, kwargs), kinds)):
+    for x, kind in zip(call_values(args, kwargs), kinds):
         if kind != _SCALAR and kind != _SCALARS:
-            where = i if i < len(args) else sorted(kwargs)[i - len(args)]
-            k = arg_key(func, where, x)
+            k = arg_key(func, x)
             if k is float or (type(k) is tuple and len(k) == 3 and k[1] is float):
                 return False
     return True
