@@ -16,7 +16,7 @@ from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
 from xla_compat import _jax
 from xla_compat.lazy.ir import Aval, Node, Value
-from xla_compat.lazy.tensor import LazyTensor, lock
+from xla_compat.lazy.tensor import DEVICE, LazyTensor, lock
 from xla_compat.lazy.weakreg import WeakRegistry
 
 from .alias import Alias
@@ -25,6 +25,8 @@ from .views import Layout
 # Every live LegacyTensor (the executor never sees them; the path's sync hooks walk this).
 _tensors = WeakRegistry()
 _new_tuple = tuple.__new__
+_wrapper = torch.Tensor._make_wrapper_subclass
+_STRIDED = torch.strided
 # The value a view holds before it is first read (never handed to the core: reads re-derive).
 _UNREAD = Value(Node("legacy.unread", None, (), (), (), ()), 0)
 
@@ -39,9 +41,16 @@ class LegacyTensor(LazyTensor):
     @staticmethod
     def __new__(cls, value, shape, dtype, strides=None, storage_offset=None,
                 requires_grad=False, *, alias=None, chain=()):
-        t = LazyTensor.__new__(cls, value, shape, dtype, strides, storage_offset, requires_grad)
+        # LazyTensor.__new__, inline (its ``_value`` assignment is ``_v`` here): every traced
+        # op's result is made here, and the call and the property setter cost a fifth of it.
+        if strides is None:
+            storage_offset = None
+        t = _wrapper(cls, shape, strides, storage_offset, None, dtype, _STRIDED, DEVICE, False,
+                     requires_grad)
+        t._v = value
         _tensors.add(id(t), t)
         if alias is None:
+            t._last_data = value if value.node.rule is None else None
             # (a new storage per traced op: the named tuple built without its Python __new__)
             layout = (_new_tuple(Layout, (tuple(shape), tuple(strides), storage_offset))
                       if strides is not None and storage_offset is not None else
@@ -52,7 +61,7 @@ class LegacyTensor(LazyTensor):
             t._gen = -1
             t._last_data = None
         t._alias = alias
-        t._chain = tuple(chain)
+        t._chain = chain if type(chain) is tuple else tuple(chain)
         return t
 
     @classmethod
