@@ -423,10 +423,17 @@ def signbit(x):
 def nan_to_num(x, nan=None, posinf=None, neginf=None, *, aval):
     if not is_float(x.dtype):
         return x
+    if jnp.iscomplexobj(x):        # eager replaces in the real and imaginary parts alike
+        parts = (nan_to_num(p, nan, posinf, neginf, aval=aval) for p in (x.real, x.imag))
+        return jax.lax.complex(*parts)
     info = jnp.finfo(x.dtype)
-    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan,
-                          posinf=info.max if posinf is None else posinf,
-                          neginf=info.min if neginf is None else neginf)
+    # Every mask is taken on x itself (jnp.nan_to_num replaces one after another, so with
+    # posinf=-inf and neginf=inf a +inf became -inf and then +inf again).
+    nan = jnp.asarray(0.0 if nan is None else nan, x.dtype)
+    posinf = jnp.asarray(info.max if posinf is None else posinf, x.dtype)
+    neginf = jnp.asarray(info.min if neginf is None else neginf, x.dtype)
+    return jnp.where(jnp.isnan(x), nan, jnp.where(jnp.isposinf(x), posinf,
+                                                  jnp.where(jnp.isneginf(x), neginf, x)))
 
 
 @lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar,
