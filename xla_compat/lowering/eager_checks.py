@@ -6,6 +6,8 @@ promotes on meta and on XLA, but is an error in eager.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..lazy import tracer
@@ -65,3 +67,65 @@ def _mv(func, b):
         name = tracer._type_name     # eager's mv is addmv into a result of vec's dtype
         _raise(func, b, f"addmv input tensors must have the same dtype, but got {name(v)}, "
                         f"{name(m)}, and {name(v)}")
+
+
+# -- Python numbers converted to the computation's dtype ------------------------------------------
+# Eager converts add/sub's alpha and clamp's bounds to the dtype it computes in, and raises where
+# the value does not fit (a float beyond the dtype's largest finite value, an int outside its
+# range; inf and nan convert). On XLA the number would silently become inf or wrap around.
+
+_CONVERT_NAME = {torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
+                 torch.float32: "float", torch.float64: "double", torch.int8: "int8_t",
+                 torch.uint8: "uint8_t", torch.int16: "int16_t", torch.int32: "int",
+                 torch.int64: "int64_t", torch.complex32: "c10::complex<c10::Half>",
+                 torch.complex64: "c10::complex<float>",
+                 torch.complex128: "c10::complex<double>"}
+_REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+            torch.complex128: torch.float64}
+
+
+def _fits(value, dtype) -> bool:
+    if type(value) is bool or dtype == torch.bool:
+        return True
+    if dtype.is_complex:
+        z, largest = complex(value), torch.finfo(_REAL_OF[dtype]).max
+        return all(not math.isfinite(p) or abs(p) <= largest for p in (z.real, z.imag))
+    if dtype.is_floating_point:
+        return type(value) is complex or not math.isfinite(value) or \
+            abs(value) <= torch.finfo(dtype).max
+    if type(value) is not int:
+        return True               # a float or complex for an integer dtype: eager's other error
+    info = torch.iinfo(dtype)
+    return info.min <= value <= info.max
+
+
+def _check_fits(func, b, value, dtype) -> None:
+    if type(value) in (int, float, complex, bool) and dtype is not None \
+            and not _fits(value, dtype):
+        _raise(func, b, f"value cannot be converted to type {_CONVERT_NAME.get(dtype, dtype)} "
+                        f"without overflow")
+
+
+def _computed_in(b, *others):
+    dtype = None
+    for other in others:
+        if other is None:
+            continue
+        d = torch.result_type(b["self"], other)
+        dtype = d if dtype is None else torch.promote_types(dtype, d)
+    return dtype if dtype is not None else _dtype(b.get("self"))
+
+
+@tracer.eager_check(*_overloads(aten.add, aten.add_, aten.sub, aten.sub_))
+def _alpha_fits(func, b):
+    alpha = b.get("alpha")
+    if alpha is not None and isinstance(b.get("self"), torch.Tensor):
+        _check_fits(func, b, alpha, _computed_in(b, b.get("other")))
+
+
+@tracer.eager_check(aten.clamp.default, aten.clamp_.default)
+def _bounds_fit(func, b):
+    if isinstance(b.get("self"), torch.Tensor):
+        dtype = _computed_in(b, b.get("min"), b.get("max"))
+        for bound in (b.get("min"), b.get("max")):
+            _check_fits(func, b, bound, dtype)
