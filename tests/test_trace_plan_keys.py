@@ -88,9 +88,9 @@ def test_keyword_list_and_float_calls_match_eager_across_replays(path, dev, inpu
 
 OVERFLOWING = [(torch.int8, 1000), (torch.uint8, 300), (torch.int16, 70000),
                (torch.int32, 2 ** 40), (torch.bfloat16, 1e39), (torch.float32, 1e39),
-               (torch.float16, 65519.0), (torch.float16, -1e5)]
+               (torch.float16, 65519.0), (torch.float16, -1e5), (torch.uint8, -256)]
 FITTING = [(torch.float16, 65504.0), (torch.float16, math.inf), (torch.int8, 127),
-           (torch.float16, math.nan)]
+           (torch.float16, math.nan), (torch.uint8, -255), (torch.uint8, -5)]
 
 
 @pytest.mark.parametrize("op", ["add", "sub_", "clamp", "clamp_"])

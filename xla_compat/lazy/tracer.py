@@ -810,8 +810,8 @@ _COUNTERS = metrics._counters
 
 def traced_node(op: str, rule, template: tuple, inputs: tuple, avals: tuple, sig,
                 depth: int = 1, kw_template: tuple = ()) -> Node:
-    """A new node of the user's program (keyword-free template), its source line recorded when
-    XLA_IR_DEBUG is on and counted in IrNodes. Called with the tracer lock held. The search for
+    """A new node of the user's program (``template`` and ``kw_template``: its positional and
+    keyword templates), its source line recorded when XLA_IR_DEBUG is on and counted in IrNodes. Called with the tracer lock held. The search for
     the user's line starts ``depth`` frames up from this function (1: its caller); a caller
     that knows the frames above it are library code passes more."""
     node = Node(op, rule, template, kw_template, inputs, avals,

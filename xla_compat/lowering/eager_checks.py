@@ -72,7 +72,8 @@ def _mv(func, b):
 # -- Python numbers converted to the computation's dtype ------------------------------------------
 # Eager converts add/sub's alpha and clamp's bounds to the dtype it computes in, and raises where
 # the value does not fit (a float beyond the dtype's largest finite value, an int outside its
-# range; inf and nan convert). On XLA the number would silently become inf or wrap around.
+# range, except that an unsigned dtype takes negatives down to minus its largest value; inf
+# and nan convert). On XLA the number would silently become inf or wrap around.
 
 _CONVERT_NAME = {torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
                  torch.float32: "float", torch.float64: "double", torch.int8: "int8_t",
@@ -96,6 +97,8 @@ def _fits(value, dtype) -> bool:
     if type(value) is not int:
         return True               # a float or complex for an integer dtype: eager's other error
     info = torch.iinfo(dtype)
+    if info.min == 0:             # unsigned: c10 lets a negative number wrap around, as in C
+        return -info.max <= value <= info.max
     return info.min <= value <= info.max
 
 
