@@ -230,11 +230,9 @@ def _meta_hook(op, original):
             return original(*args, **kwargs)
         _state.pending = None
         self = args[0]
-        # (the flat key where it applies: a foreach step asks once per tensor of the list, and
-        # a step size that changes every step is a free float there)
-        key = tracer._flat_key(op, args, kwargs)
-        if key is None:
-            key = tracer.call_key([op], args, kwargs)
+        # (a foreach step asks once per tensor of the list; a step size that changes every
+        # step is a free float there)
+        key = tracer.meta_key(op, args, kwargs)
         if key is not None:
             if key in _PASSED:
                 if functional is not None:

@@ -359,6 +359,14 @@ def _flat_key(func, args, kwargs=None):
     return tuple(parts)
 
 
+def meta_key(func, args, kwargs):
+    """The key of what a meta kernel says of a call (the meta cache's, the functional path's
+    memo of passed meta references): ``_flat_key``'s where it applies, else ``call_key``'s; None
+    where an argument has no description."""
+    key = _flat_key(func, args, kwargs)
+    return key if key is not None else call_key([id(func)], args, kwargs)
+
+
 _META_CACHE: dict = {}
 _META_CACHE_LIMIT = 65536
 
@@ -369,9 +377,7 @@ def meta(func, args, kwargs):
     Cached on the op and its arguments' shapes, strides, dtypes and static values, so a traced
     loop runs each distinct op's meta kernel once. Errors are never cached.
     """
-    key = _flat_key(func, args, kwargs)
-    if key is None:
-        key = call_key([id(func)], args, kwargs)
+    key = meta_key(func, args, kwargs)
     if key is not None:
         hit = _META_CACHE.get(key)
         if hit is not None:

@@ -81,15 +81,13 @@ _CONVERT_NAME = {torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
                  torch.int64: "int64_t", torch.complex32: "c10::complex<c10::Half>",
                  torch.complex64: "c10::complex<float>",
                  torch.complex128: "c10::complex<double>"}
-_REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32,
-            torch.complex128: torch.float64}
 
 
 def _fits(value, dtype) -> bool:
     if type(value) is bool or dtype == torch.bool:
         return True
     if dtype.is_complex:
-        z, largest = complex(value), torch.finfo(_REAL_OF[dtype]).max
+        z, largest = complex(value), torch.finfo(dtype.to_real()).max
         return all(not math.isfinite(p) or abs(p) <= largest for p in (z.real, z.imag))
     if dtype.is_floating_point:
         return type(value) is complex or not math.isfinite(value) or \
