@@ -116,3 +116,15 @@ def test_numbers_the_dtype_cannot_hold_raise_like_eager(path, dev, op, dtype, nu
         with pytest.raises(want_err, match="cannot be converted to type .* without overflow"):
             run(xd)
         assert_same(xd, x)          # nothing written
+
+
+def test_nan_to_num_maps_each_element_once(path, dev):
+    # posinf=-inf and neginf=inf swap the infinities; a replacement must not be replaced again
+    x = torch.tensor([math.nan, math.inf, -math.inf, 1.5, -0.0])
+    for nan, posinf, neginf in ((0.0, -math.inf, math.inf), (math.inf, math.nan, -1.0),
+                                (None, None, None)):
+        assert_same(torch.nan_to_num(x.to(dev), nan, posinf, neginf),
+                    torch.nan_to_num(x, nan, posinf, neginf))
+    z = torch.tensor([complex(math.inf, math.nan), complex(-math.inf, 1.0)])
+    assert_same(torch.nan_to_num(z.to(dev), 1.0, -math.inf, math.inf),
+                torch.nan_to_num(z, 1.0, -math.inf, math.inf))
