@@ -239,6 +239,9 @@ def _meta_hook(op, original):
                     _state.pending = (functional, tuple(self.shape), self.dtype,
                                       tuple(self.stride()))
                 return self
+        first = tracer._EAGER_FIRST_CHECKS.get(op)   # eager's checks before its meta function's
+        if first is not None:
+            first(op, tracer._bind(op, args, kwargs))
         overlapping = torch._debug_has_internal_overlap(self) == 1
         if overlapping:               # eager checks the written tensor before the dtypes
             _overlap_probe(op, args, kwargs)

@@ -4,6 +4,7 @@ keyed by type, keywords by name, lists of tensors by each geometry)."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -116,6 +117,39 @@ def test_numbers_the_dtype_cannot_hold_raise_like_eager(path, dev, op, dtype, nu
         with pytest.raises(want_err, match="cannot be converted to type .* without overflow"):
             run(xd)
         assert_same(xd, x)          # nothing written
+
+
+POW_CASES = [(torch.float16, 1e5), (torch.float16, 2 ** 40), (torch.float16, 65504.0),
+             (torch.bfloat16, 1e39), (torch.bfloat16, 1e5), (torch.float32, 1e39),
+             (torch.float64, 1e300), (torch.complex64, 1e30), (torch.int8, 300),
+             (torch.int8, 127), (torch.uint8, 300), (torch.int32, 2 ** 40), (torch.int64, 2 ** 40),
+             (torch.int32, -1), (torch.int8, -2 ** 40), (torch.uint8, -1), (torch.bool, -1),
+             (torch.int32, -1.5), (torch.int32, 1e39), (torch.float16, -math.inf)]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["pow", "pow_"])
+@pytest.mark.parametrize("dtype, exponent", POW_CASES,
+                         ids=[f"{d}-{n}".replace("torch.", "") for d, n in POW_CASES])
+def test_pow_exponents_raise_like_eager(path, dev, inplace, dtype, exponent):
+    """pow of a tensor by a number: no negative integer exponent for an integer tensor, and an
+    exponent converted to a half-precision or integer dtype must fit it (float32 computes in
+    double). Checked after a plan for the op exists, so a replay cannot skip the check."""
+    def run(t, n=exponent):
+        return t.clone().pow_(n) if inplace else torch.pow(t, n)
+    x = torch.ones(3, dtype=dtype)
+    xd = x.to(dev)
+    _outcome(lambda: run(xd, type(exponent)(2)).cpu())   # a plan, from an exponent that fits
+    want, want_err = _outcome(lambda: run(x))
+    got, got_err = _outcome(lambda: run(xd).cpu())
+    assert got_err == want_err
+    if want_err is None:
+        assert_same(got, want)
+    else:
+        with pytest.raises(want_err) as eager:
+            run(x)
+        with pytest.raises(want_err, match=re.escape(str(eager.value))):
+            run(xd)
+        assert_same(xd, x)
 
 
 def test_nan_to_num_maps_each_element_once(path, dev):

@@ -324,6 +324,10 @@ def op_table(table: dict):
 # ``fn(func, bound_args)`` raises eager's error. Run with the meta kernel, so once per signature.
 _EAGER_CHECKS: dict = {}
 eager_check = op_table(_EAGER_CHECKS)   # fn(func, bound) for ops; see ``meta``
+# The same, for checks eager makes before its meta function's own (pow's negative integer
+# exponent comes before an in-place op's cast error).
+_EAGER_FIRST_CHECKS: dict = {}
+eager_check_first = op_table(_EAGER_FIRST_CHECKS)
 
 
 # Output shapes eager gives and PyTorch's meta kernels do not (eval-mode batch norm returns empty
@@ -384,6 +388,9 @@ def meta(func, args, kwargs):
             metrics.inc("MetaCacheHit")
             return hit
     memo: dict = {}
+    check = _EAGER_FIRST_CHECKS.get(func)
+    if check is not None:
+        check(func, _bind(func, args, kwargs))
     out = run_meta(func, args, kwargs, memo)
     check = _EAGER_CHECKS.get(func)
     if check is not None:

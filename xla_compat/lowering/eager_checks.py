@@ -130,3 +130,35 @@ def _bounds_fit(func, b):
         dtype = _computed_in(b, b.get("min"), b.get("max"))
         for bound in (b.get("min"), b.get("max")):
             _check_fits(func, b, bound, dtype)
+
+
+_POW_SCALAR = (aten.pow.Tensor_Scalar, aten.pow_.Scalar, aten.pow.Tensor_Scalar_out)
+
+
+def _number_exponent(b):
+    x, exponent = b.get("self"), b.get("exponent")
+    if isinstance(x, torch.Tensor) and type(exponent) in (int, float, complex, bool):
+        return x, exponent
+    return None, None
+
+
+@tracer.eager_check_first(*_POW_SCALAR)
+def _integer_exponent(func, b):
+    """Eager's pow meta function first refuses a negative integer power of an integer tensor."""
+    x, exponent = _number_exponent(b)
+    if x is not None and not (x.dtype.is_floating_point or x.dtype.is_complex) \
+            and type(exponent) in (int, bool) and exponent < 0:
+        _raise(func, b, "Integers to negative integer powers are not allowed.")
+
+
+@tracer.eager_check(*_POW_SCALAR)
+def _exponent_fits(func, b):
+    """A half-precision or integer pow converts its exponent to its dtype (float32 and wider
+    compute in double, so they take any exponent)."""
+    x, exponent = _number_exponent(b)
+    if x is None:
+        return
+    dtype = _computed_in(b, exponent)
+    if dtype in (torch.float16, torch.bfloat16) or not (dtype.is_floating_point
+                                                         or dtype.is_complex):
+        _check_fits(func, b, exponent, dtype)
