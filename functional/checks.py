@@ -27,6 +27,16 @@ message, and a partially overlapping source raises at the functional op (writes_
 reference that passed is remembered per geometry and numbers (``clamp_``'s meta kernel alone
 cost ~0.6 ms a call).
 
+**Operands sharing memory with the written tensor.** Upstream checks overlap on the inner
+tensors, which a sync or an earlier write separates (``v = t.unsqueeze(-1); v.mul_(-1); sync;
+v.atan2_(t)``), and which never alias for the index ops. Every in-place op with a Tensor operand
+whose Functionalize kernel is upstream's gets one here (``_in_place_overlap_kernel``) that checks
+the wrappers first: a TensorIterator op (``write_checks.iterator_op``) raises eager's error where
+an operand partially overlaps the written tensor; for the others (``index_copy_``, ``scatter_``,
+``put_``, ``index_put_``, ...), which refuse even a full overlap of some operands, an operand
+sharing an element with it makes eager decide on CPU zeros (``write_checks.probe_in_place``, as
+legacy does). Cost: one Python call per such op (~2-3 us); the probe only where memory is shared.
+
 **copy_.** ``dst.copy_(src)`` of two views of one storage that partially overlap raises eager's
 error at the Functionalize key, from the wrappers' storage and geometry (writes_eager's check on
 the inner tensors loses the shared storage after a sync or an earlier write). A copy of equal
@@ -307,6 +317,71 @@ def _checked_ops():
     return outs, in_place
 
 
+# -- in-place ops: an operand sharing memory with the written tensor ------------------------------
+
+# In-place ops with Tensor operands that write no values of them (or have a kernel here already).
+_NOT_WRITES = ("copy_", "set_", "resize_as_", "copy_sparse_to_sparse_", "resize_as_sparse_")
+
+
+def _in_place_ops_with_operands(has) -> list:
+    """In-place ops with a Tensor operand whose Functionalize kernel is upstream's (add_, sub_,
+    mul_ and div_ have direct.py's, copy_ this module's)."""
+    found = []
+    for op in _aten_overloads():
+        schema, name = op._schema, op._schema.name.split("::")[1]
+        if (name.endswith("_") and not name.startswith("_") and name not in _NOT_WRITES
+                and op not in direct._IN_PLACE and schema.arguments
+                and schema.arguments[0].alias_info is not None
+                and schema.arguments[0].alias_info.is_write
+                and has(op.name(), "Functionalize")
+                and not has(op.name(), "CompositeImplicitAutograd")
+                and any(_tensor_typed(a) for a in schema.arguments[1:])):
+            found.append(op)
+    return found
+
+
+def _tensor_typed(arg) -> bool:
+    """A ``Tensor`` or ``Tensor?`` argument of a schema."""
+    t = arg.type
+    if isinstance(t, torch.OptionalType):
+        t = t.getElementType()
+    return isinstance(t, torch.TensorType)
+
+
+def _in_place_overlap_kernel(op):
+    """``op``'s Functionalize kernel: eager's overlap errors from the wrappers, then upstream's
+    kernel (which checks on the inner tensors: separate values after a sync, and never
+    aliased for ops outside TensorIterator). A TensorIterator op refuses an operand partially
+    overlapping the written tensor; for the others (``index_copy_``, ``scatter_``, ...) an
+    operand sharing any element with it makes eager decide on CPU zeros laid out alike."""
+    upstream = torch.library.get_kernel(op, "Functionalize")
+    slots = tuple(i for i, a in enumerate(op._schema.arguments[1:]) if _tensor_typed(a))
+    functional = tracer.mutation_info(op)[2]
+    iterator = write_checks.iterator_op(op)
+
+    def kernel(keyset, self, *args, **kwargs):
+        for v in (*args, *kwargs.values()):
+            if type(v) is list or type(v) is tuple:     # index_put_'s indices
+                if iterator or not any(direct.shares_storage(self, e) for e in v):
+                    continue
+            elif not direct.shares_storage(self, v):
+                continue
+            elif iterator:
+                direct.raise_on_partial_overlap(op, self, v)
+                continue
+            elif not write_checks.shares_elements(self, v):
+                continue
+            write_checks.probe_in_place(op, (self, *args), kwargs, STORAGES)
+            break
+        if functional is not None and any(i < len(args) and not isinstance(args[i], torch.Tensor)
+                                          and args[i] is not None for i in slots):
+            # a number in a Tensor slot (``x.floor_divide_(2)``): a boxed call takes none
+            return direct._with_number(op, functional, self, args[0], args[1:], kwargs)
+        return upstream.call_boxed(keyset, self, *args, **kwargs)
+    kernel.__name__ = f"overlap_checked_{op._schema.name.split('::')[1]}_{op._overloadname}"
+    return kernel
+
+
 _lib = None
 
 
@@ -325,6 +400,8 @@ def install() -> None:
         global _copy_upstream
         _copy_upstream = torch.library.get_kernel(aten.copy_.default, "Functionalize")
         _lib.impl(aten.copy_.default, _copy_functionalize, "Functionalize", with_keyset=True)
+        for op in _in_place_ops_with_operands(torch._C._dispatch_has_kernel_for_dispatch_key):
+            _lib.impl(op, _in_place_overlap_kernel(op), "Functionalize", with_keyset=True)
         for op, meta in in_place:
             _lib.impl(op, _in_place_reference(op, meta), "Meta")
             functional = tracer.mutation_info(op)[2]

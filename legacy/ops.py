@@ -378,9 +378,11 @@ def _geometry(t: LegacyTensor):
 
 
 def check_overlapping_write(func, args, kwargs) -> None:
-    """Eager's overlap errors: a written tensor whose elements overlap (an expanded view), or an
-    input that partially overlaps the written tensor in their shared storage (``x.t().copy_(x)``).
-    A CPU probe over a shared zero storage decides whether this op checks (``fill_`` does not)."""
+    """Eager's overlap errors: a written tensor whose elements overlap (an expanded view), an
+    input that partially overlaps the written tensor in their shared storage (``x.t().copy_(x)``)
+    or, for an op outside TensorIterator (``index_copy_``, ``scatter_``, ...), that shares any
+    element with it. A CPU probe over a shared zero storage decides whether this op checks
+    (``fill_`` does not; write_checks.probe_in_place)."""
     names, _, _ = tracer.mutation_info(func)
     bound = tracer._bind(func, args, kwargs)
     written = []
@@ -391,32 +393,23 @@ def check_overlapping_write(func, args, kwargs) -> None:
     for t in written:
         if (not views.injective(t._chain)
                 and torch._debug_has_internal_overlap(meta_of(t)) == 1):
-            _eager_probe(func, args, kwargs)
+            write_checks.probe_in_place(func, args, kwargs, STORAGES)
             return
     if not written:
         return
-    for x in tracer._flat_tensors((args, list(kwargs.values()))):
-        if not isinstance(x, LegacyTensor) or any(x is t for t in written):
+    iterator = write_checks.iterator_op(func)
+    operands = tracer._flat_tensors([v for n, v in bound.items() if n not in names])
+    for x in operands:
+        if not isinstance(x, LegacyTensor):
             continue
         for t in written:
-            if (x._alias is t._alias and x.element_size() == t.element_size()
-                    and tracer.partial_overlap(_geometry(t), _geometry(x))):
-                _eager_probe(func, args, kwargs)
+            if x._alias is not t._alias or (iterator and x is t):
+                continue
+            if (tracer.partial_overlap(_geometry(t), _geometry(x))
+                    and x.element_size() == t.element_size()
+                    if iterator else write_checks.shares_elements(t, x)):
+                write_checks.probe_in_place(func, args, kwargs, STORAGES)
                 return
-
-
-def _eager_probe(func, args, kwargs) -> None:
-    """Run ``func`` on CPU tensors of the same layouts over one zero storage per alias, and
-    re-raise an overlap error."""
-    flat = tracer._flat_tensors((args, list(kwargs.values())))
-    cpu = write_checks.cpu_twins(STORAGES, *write_checks.storage_layout(flat, STORAGES))
-    try:
-        func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
-    except RuntimeError as e:
-        if "unsupported operation" in str(e):
-            tracer._reraise(e, func, args)
-    except Exception:
-        pass
 
 
 # ----------------------------------------------------------------------------------------------

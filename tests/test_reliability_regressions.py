@@ -4,6 +4,8 @@ Fixed bugs pass; open ones are strict xfails naming the issue (reported to the l
 turns them into failures until the mark is removed."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -372,29 +374,40 @@ def test_an_uncastable_in_place_op_on_overlapping_windows_raises_like_eager(path
 _PARTIAL_OVERLAP_WRITES = {
     "add_": lambda v, t: v.add_(t), "sub_": lambda v, t: v.sub_(t, alpha=2),
     "mul_": lambda v, t: v.mul_(t), "div_": lambda v, t: v.div_(t),
+    "div_ floor": lambda v, t: v.div_(t, rounding_mode="floor"),
     "copy_": lambda v, t: v.copy_(t),
     "atan2_": lambda v, t: v.atan2_(t), "lerp_": lambda v, t: v.lerp_(t, 0.5),
-    "addcmul_": lambda v, t: v.addcmul_(t, t), "clamp_": lambda v, t: v.clamp_(min=t),
-    "pow_": lambda v, t: v.pow_(t),
+    "lerp_ tensor weight": lambda v, t: v.lerp_(t.new_ones(()), t),
+    "addcmul_": lambda v, t: v.addcmul_(t, t), "addcdiv_": lambda v, t: v.addcdiv_(t, t),
+    "clamp_": lambda v, t: v.clamp_(min=t), "clamp_ max": lambda v, t: v.clamp_(max=t),
+    "clamp_min_": lambda v, t: v.clamp_min_(t), "clamp_max_": lambda v, t: v.clamp_max_(t),
+    "pow_": lambda v, t: v.pow_(t), "float_power_": lambda v, t: v.float_power_(t),
+    "fmod_": lambda v, t: v.fmod_(t), "remainder_": lambda v, t: v.remainder_(t),
+    "hypot_": lambda v, t: v.hypot_(t), "xlogy_": lambda v, t: v.xlogy_(t),
+    "copysign_": lambda v, t: v.copysign_(t), "nextafter_": lambda v, t: v.nextafter_(t),
+    "floor_divide_": lambda v, t: v.floor_divide_(t), "heaviside_": lambda v, t: v.heaviside_(t),
+    "eq_": lambda v, t: v.eq_(t), "lt_": lambda v, t: v.lt_(t), "ge_": lambda v, t: v.ge_(t),
+    "logical_and_": lambda v, t: v.logical_and_(t), "igamma_": lambda v, t: v.igamma_(t),
+    "bitwise_and_": lambda v, t: v.bitwise_and_(t), "bitwise_xor_": lambda v, t: v.bitwise_xor_(t),
+    "bitwise_left_shift_": lambda v, t: v.bitwise_left_shift_(t),
+    "gcd_": lambda v, t: v.gcd_(t), "lcm_": lambda v, t: v.lcm_(t),
 }
-# Checked on the wrappers by the functional path's own Functionalize kernels (functional/direct.py,
-# functional/checks.py); every other in-place op goes through upstream's kernel.
-_WRAPPER_CHECKED = ("add_", "sub_", "mul_", "div_", "copy_")
+# (float32 for the others)
+_PARTIAL_OVERLAP_DTYPE = {"float_power_": torch.float64, "bitwise_and_": torch.int64,
+                          "bitwise_xor_": torch.int64, "bitwise_left_shift_": torch.int64,
+                          "gcd_": torch.int64, "lcm_": torch.int64}
 
 
 @pytest.mark.parametrize("op", list(_PARTIAL_OVERLAP_WRITES))
 def test_in_place_op_from_a_partially_overlapping_view_after_a_sync_raises_like_eager(path, dev,
-                                                                                     op, request):
+                                                                                     op):
     # Fuzz (Dec 3, seed 2026): v = t.unsqueeze(-1) and t share their one element; eager calls
     # v.add_(t) a partial overlap. After a sync the functional path's inner tensors hold two
-    # separate values and its in-place check (on the inner tensors) cannot see the sharing.
-    if path == "functional" and op not in _WRAPPER_CHECKED:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): upstream's Functionalize kernel checks overlap on the inner "
-            "tensors, which a sync separates; the wrappers are checked only for add_, sub_, "
-            "mul_, div_ (functional/direct.py), copy_ and out= ops (functional/checks.py)")))
+    # separate values, so upstream's in-place check (on the inner tensors) cannot see the
+    # sharing; the functional path checks the wrappers (functional/direct.py for add_, sub_,
+    # mul_, div_; functional/checks.py for copy_ and every other in-place TensorIterator op).
     write = _PARTIAL_OVERLAP_WRITES[op]
-    cpu = torch.tensor(3.)
+    cpu = torch.tensor(3, dtype=_PARTIAL_OVERLAP_DTYPE.get(op, torch.float32))
     with pytest.raises(RuntimeError, match="some elements of the input tensor"):
         write(cpu.unsqueeze(-1), cpu)           # eager's verdict, as the reference
     d = cpu.to(dev)
@@ -407,3 +420,59 @@ def test_in_place_op_from_a_partially_overlapping_view_after_a_sync_raises_like_
     assert v.cpu().tolist() == [-3.0]
     v.add_(1)                                    # and the tensors go on working
     assert d.cpu().item() == -2
+
+
+def _idx(t):
+    return torch.zeros(1, dtype=torch.long, device=t.device)
+
+
+# In-place ops outside TensorIterator assert that (some) operands share NO memory with the
+# written tensor: a full overlap is an error too. (w: a view of t's storage, t: the base)
+_SHARED_OPERAND_WRITES = {
+    "index_copy_": lambda w, t: w.index_copy_(0, _idx(t), t.reshape(1)),
+    "index_copy_ itself": lambda w, t: w.index_copy_(0, _idx(t), w),
+    "index_add_": lambda w, t: w.index_add_(0, _idx(t), t.reshape(1)),
+    "index_reduce_": lambda w, t: w.index_reduce_(0, _idx(t), t.reshape(1), "amax"),
+    "scatter_": lambda w, t: w.scatter_(0, _idx(t), t.reshape(1)),
+    "scatter_add_": lambda w, t: w.scatter_add_(0, _idx(t), t.reshape(1)),
+    "scatter_reduce_": lambda w, t: w.scatter_reduce_(0, _idx(t), t.reshape(1), "sum"),
+    "put_": lambda w, t: w.put_(_idx(t), t.reshape(1)),
+    "index_put_": lambda w, t: w.index_put_((_idx(t),), t.reshape(1)),
+    "index_put_ accumulate": lambda w, t: w.index_put_((_idx(t),), t.reshape(1), accumulate=True),
+    # eager allows these: nothing may be refused
+    "masked_scatter_": lambda w, t: w.masked_scatter_(torch.ones(1, dtype=torch.bool,
+                                                                 device=t.device), t.reshape(1)),
+    "addmm_": lambda w, t: w.reshape(1, 1).addmm_(t.reshape(1, 1), t.reshape(1, 1)),
+    "index_copy_ other storage": lambda w, t: w.index_copy_(0, _idx(t), t.reshape(1) * 2),
+}
+
+
+@pytest.mark.parametrize("op", list(_SHARED_OPERAND_WRITES))
+def test_in_place_index_op_with_an_operand_sharing_memory_raises_like_eager(path, dev, op):
+    # Found beside the partial-overlap fix (Dec 3): neither path refused these; eager does.
+    write = _SHARED_OPERAND_WRITES[op]
+    cpu = torch.tensor(3.)
+    try:
+        write(cpu.unsqueeze(-1), cpu)
+        want = None
+    except RuntimeError as e:
+        want = str(e)
+        assert want.startswith("unsupported operation"), want
+    d = torch.tensor(3.).to(dev)
+    w = d.unsqueeze(-1)
+    w.mul_(-1)
+    xc.sync()
+    for _ in range(2):             # again, after a verdict is remembered
+        before = d.cpu().item()
+        if want is None:
+            write(w, d)
+            xc.sync()
+        else:
+            with pytest.raises(RuntimeError, match=re.escape(want.split("\n")[0])):
+                write(w, d)
+            assert d.cpu().item() == before == -3    # nothing written
+    ref = torch.tensor(-3.)
+    if want is None:
+        write(ref.unsqueeze(-1), ref)
+        write(ref.unsqueeze(-1), ref)
+    assert_same(d.cpu(), ref)

@@ -278,6 +278,69 @@ def _without_dry_run(spec: OutOp, outs, inputs, results, storages: Storages) -> 
                 f"{tracer._type_name(o.dtype)}\n  (xla_compat: raised by {spec.op})")
 
 
+# -- in-place ops ------------------------------------------------------------------------------------
+# TensorIterator refuses an operand that partially overlaps the written tensor (``x.mul_(x)`` is
+# fine); the other in-place ops (``index_copy_``, ``scatter_``, ``put_``, ``index_put_``, ...)
+# assert no overlap of some operands at all. Each path finds the operands that share memory
+# with the written tensor; where one does, eager itself decides on CPU zeros laid out alike.
+
+# TensorIterator's in-place ops without the pointwise tag.
+_ITERATOR_UNTAGGED = frozenset(("eq_", "ne_", "lt_", "le_", "gt_", "ge_", "copysign_",
+                                "floor_divide_", "gcd_", "lcm_", "heaviside_", "clamp_"))
+
+
+def iterator_op(func) -> bool:
+    """Does eager run in-place ``func`` through TensorIterator (partial overlap is its error)?"""
+    return (torch.Tag.pointwise in func.tags
+            or func._schema.name.split("::")[-1] in _ITERATOR_UNTAGGED)
+
+
+def shares_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do the element ranges of two tensors of one storage intersect?"""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    lo, hi = a.storage_offset() * a.element_size(), extent(a) * a.element_size()
+    lo2, hi2 = b.storage_offset() * b.element_size(), extent(b) * b.element_size()
+    return lo < hi2 and lo2 < hi
+
+
+_PROBED: dict = {}
+
+
+def probe_in_place(func, args, kwargs, storages: Storages) -> None:
+    """Eager's memory-overlap error for in-place ``func``, whose written tensor shares memory
+    with an operand: the op on CPU zeros laid out like the device tensors (one buffer per
+    storage), before anything is written. A verdict that passed is remembered per geometry."""
+    flat = tensors((args, list(kwargs.values())), [])
+    owns = storages.owns
+    if not all(owns(t) or t.device.type == "cpu" for t in flat):
+        return       # another device's tensor: the op itself raises eager's device error
+    storage_of, sizes = storage_layout(flat, storages)
+    if sum(n * k[1].itemsize for k, n in sizes.items()) > DRY_RUN_BYTES:
+        return
+    parts = [func, tuple(sizes.items()),
+             tuple(storage_of[storages.key(t)] if owns(t) else -1 for t in flat)]
+    key = tracer.call_key(parts, args, kwargs)
+    if key is not None and key in _PROBED:
+        return
+    cpu = cpu_twins(storages, storage_of, sizes)
+    try:
+        # (a random op's probe must not move the user's CPU generator)
+        with warnings.catch_warnings(), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            warnings.simplefilter("ignore")
+            func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
+    except RuntimeError as e:
+        message = str(e)
+        if message.startswith("unsupported operation"):
+            raise RuntimeError(f"{message}\n  (xla_compat: raised by {func} on the "
+                               f"{storages.path} path with inputs {tracer.describe(flat)}; "
+                               f"nothing was written)") from None
+    except Exception:  # noqa: BLE001 - not the write's verdict: the op itself raises its error
+        return
+    if key is not None:
+        tracer.keep(_PROBED, key, True, CACHE_LIMIT)
+
+
 # -- eager checks meta kernels skip -----------------------------------------------------------------
 
 @tracer.eager_check(aten.index_put_.default, aten.index_put.default,

@@ -45,10 +45,6 @@ KNOWN = (
      "functional: as_strided beyond the storage is not rejected"),
     ("functional", re.compile(r"^functional path, [^:]+: strides"),
      "functional: strides of a tensor after a write through a transposed view"),
-    ("functional", re.compile(r"some elements of the input tensor and.*nothing was raised"),
-     "functional: an in-place op other than add_/sub_/mul_/div_/copy_ whose source partially "
-     "overlaps the written view after a sync (the inner tensors no longer share a value; strict "
-     "xfails of test_in_place_op_from_a_partially_overlapping_view_after_a_sync_raises_like_eager)"),
 )
 
 
