@@ -198,25 +198,16 @@ _PASSED: dict = {}
 def _dry_run(spec: OutOp, args, kwargs, outs, inputs, results, storages: Storages) -> None:
     """Run the op on CPU zeros laid out like the device tensors; raise eager's error about the
     write."""
-    flat = tensors((args, list(kwargs.values())), [])
-    owns = storages.owns
-    if not all(owns(t) or t.device.type == "cpu" for t in flat):
-        return       # another device's tensor: the op itself raises eager's device error
-    storage_of, sizes = storage_layout(flat, storages)
-    if sum(n * k[1].itemsize for k, n in sizes.items()) > DRY_RUN_BYTES:
+    layout = _zeros_layout(spec.op, args, kwargs, storages)
+    if layout is None:
+        return
+    storage_of, sizes, nbytes, key = layout
+    if nbytes > DRY_RUN_BYTES:
         return _without_dry_run(spec, outs, inputs, results, storages)
-    parts = [spec.op, tuple(sizes.items()),
-             tuple(storage_of[storages.key(t)] if owns(t) else -1 for t in flat)]
-    key = tracer.call_key(parts, args, kwargs)
-    if key is not None:
-        if key in _PASSED:
-            return
-    cpu = cpu_twins(storages, storage_of, sizes)
+    if key is not None and key in _PASSED:
+        return
     try:
-        # (a random op's dry run must not move the user's CPU generator)
-        with warnings.catch_warnings(), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            warnings.simplefilter("ignore")
-            spec.op(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
+        _call_on_zeros(spec.op, args, kwargs, storages, storage_of, sizes)
     except (RuntimeError, TypeError, ValueError, IndexError) as e:
         message = str(e)
         if _EAGER_VERDICT.search(message.split("\n", 1)[0]):
@@ -224,6 +215,32 @@ def _dry_run(spec: OutOp, args, kwargs, outs, inputs, results, storages: Storage
                           f"checked its out= write as eager does; nothing was written)") from None
     if key is not None:
         tracer.keep(_PASSED, key, True, CACHE_LIMIT)
+
+
+def _zeros_layout(func, args, kwargs, storages: Storages):
+    """How a call of ``func`` lies over CPU zeros standing for the device tensors' storages:
+    (storage_of, sizes as ``storage_layout`` gives them, bytes the buffers take, a memo key for
+    its verdict or None); None where a tensor of another device is among the arguments (the op
+    itself raises eager's device error)."""
+    flat = tensors((args, list(kwargs.values())), [])
+    owns = storages.owns
+    if not all(owns(t) or t.device.type == "cpu" for t in flat):
+        return None
+    storage_of, sizes = storage_layout(flat, storages)
+    nbytes = sum(n * k[1].itemsize for k, n in sizes.items())
+    parts = [func, tuple(sizes.items()),
+             tuple(storage_of[storages.key(t)] if owns(t) else -1 for t in flat)]
+    return storage_of, sizes, nbytes, tracer.call_key(parts, args, kwargs)
+
+
+def _call_on_zeros(func, args, kwargs, storages: Storages, storage_of, sizes) -> None:
+    """``func`` on CPU zeros laid out like the device tensors, one buffer per storage; its error,
+    if any, propagates."""
+    cpu = cpu_twins(storages, storage_of, sizes)
+    # (a random op's dry run must not move the user's CPU generator)
+    with warnings.catch_warnings(), torch.no_grad(), torch.random.fork_rng(devices=[]):
+        warnings.simplefilter("ignore")
+        func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
 
 
 def storage_layout(flat, storages: Storages) -> tuple:
@@ -311,29 +328,20 @@ def probe_in_place(func, args, kwargs, storages: Storages) -> None:
     """Eager's memory-overlap error for in-place ``func``, whose written tensor shares memory
     with an operand: the op on CPU zeros laid out like the device tensors (one buffer per
     storage), before anything is written. A verdict that passed is remembered per geometry."""
-    flat = tensors((args, list(kwargs.values())), [])
-    owns = storages.owns
-    if not all(owns(t) or t.device.type == "cpu" for t in flat):
-        return       # another device's tensor: the op itself raises eager's device error
-    storage_of, sizes = storage_layout(flat, storages)
-    if sum(n * k[1].itemsize for k, n in sizes.items()) > DRY_RUN_BYTES:
+    layout = _zeros_layout(func, args, kwargs, storages)
+    if layout is None:
         return
-    parts = [func, tuple(sizes.items()),
-             tuple(storage_of[storages.key(t)] if owns(t) else -1 for t in flat)]
-    key = tracer.call_key(parts, args, kwargs)
-    if key is not None and key in _PROBED:
+    storage_of, sizes, nbytes, key = layout
+    if nbytes > DRY_RUN_BYTES or (key is not None and key in _PROBED):
         return
-    cpu = cpu_twins(storages, storage_of, sizes)
     try:
-        # (a random op's probe must not move the user's CPU generator)
-        with warnings.catch_warnings(), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            warnings.simplefilter("ignore")
-            func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
+        _call_on_zeros(func, args, kwargs, storages, storage_of, sizes)
     except RuntimeError as e:
         message = str(e)
         if message.startswith("unsupported operation"):
             raise RuntimeError(f"{message}\n  (xla_compat: raised by {func} on the "
-                               f"{storages.path} path with inputs {tracer.describe(flat)}; "
+                               f"{storages.path} path with inputs "
+                               f"{tracer.describe((args, list(kwargs.values())))}; "
                                f"nothing was written)") from None
     except Exception:  # noqa: BLE001 - not the write's verdict: the op itself raises its error
         return
