@@ -66,6 +66,59 @@ def test_dropout_masks_differ_between_steps_and_repeat_under_manual_seed(path, d
     assert 60 < int((a[0] == 0).sum()) < 196
 
 
+def test_draws_read_back_without_a_step_compile_once(path, dev):
+    """A partial sync (``.cpu()``) materialises the drawn key too: left pending, each graph took
+    every earlier draw's key chain as input, grew, and compiled anew at every draw."""
+    q = torch.randn(8, 2, 5, 4).to(dev)
+    compiles = []
+    for _ in range(4):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5).cpu()
+        torch.rand(3, 4, device=dev).sum().item()
+        compiles.append(metrics.counter("CompileTime"))
+    assert compiles[1] == compiles[2] == compiles[3], compiles
+    xc.manual_seed(5)
+    a = [torch.rand(6, device=dev).cpu() for _ in range(2)]
+    xc.manual_seed(5)
+    b = [torch.rand(6, device=dev) for _ in range(2)]
+    xc.sync()
+    assert not torch.equal(a[0], a[1])
+    assert all(torch.equal(x, y.cpu()) for x, y in zip(a, b))   # one stream either way
+
+
+def test_the_same_computation_has_one_key_whatever_order_its_nodes_were_made_in(path, dev):
+    x, y = torch.randn(4, 4).to(dev), torch.randn(4, 4).to(dev)
+    ref = (x.cpu() * 2).exp() + (y.cpu() * 3).tanh()
+    (x * 2).exp().sum().cpu()                          # warm every op's trace plan
+    outs = []
+    for first_x in (True, False, True, False):
+        if first_x:
+            a = (x * 2).exp()
+            b = (y * 3).tanh()
+        else:
+            b = (y * 3).tanh()
+            a = (x * 2).exp()
+        outs.append((a + b).cpu())
+        if len(outs) == 1:
+            compiled = metrics.counter("CompileTime")
+    assert metrics.counter("CompileTime") == compiled
+    assert all(torch.allclose(o, ref) for o in outs)
+
+
+def test_a_draw_of_any_rank_is_one_flat_draw_with_the_same_numbers(path, dev):
+    """jax's threefry compiles in time growing with the rank on XLA:CPU, so draws are made flat
+    and reshaped: the counters are one flat iota, and the numbers are jax's for that shape."""
+    import re
+    import jax
+    import numpy as np
+    xc.manual_seed(11)
+    r = torch.rand(4, 3, 5, 2, device=dev)
+    iotas = re.findall(r"stablehlo.iota dim = \d+ : tensor<([0-9x]+)x\w+>", xc.hlo_text([r]))
+    assert "120" in iotas and not any("x" in shape for shape in iotas), iotas
+    _, sub = jax.random.split(jax.random.wrap_key_data(np.array([0, 11], np.uint32)))
+    want = np.asarray(jax.random.uniform(sub, (4, 3, 5, 2), np.float32))
+    assert np.array_equal(r.cpu().numpy(), want)
+
+
 def test_torch_manual_seed_also_seeds_the_device(path, dev):
     torch.manual_seed(3)
     a = torch.rand(16, device=dev).cpu()

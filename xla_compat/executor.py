@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import operator
 import threading
 import time
 import weakref
@@ -78,23 +77,26 @@ def collect(roots: list[Value], donatable=frozenset(), predecessor=None) -> Grap
     leaves and returning them (so one walk finds both). The key is a flat tuple of ints: each
     node's interned signature (``Node.sig_id``) and where its inputs come from.
 
-    Nodes are ordered by creation (``Node.id``): a node's inputs always exist before it, so this
-    is a topological order, and a repeated step creates its nodes in the same order. Leaves are
-    numbered in order of first use."""
+    Nodes are in depth-first post-order from the roots, inputs in argument order: a function of
+    the graph and its roots alone, so the same computation has the same key however its nodes
+    came to be created (a trace plan that creates a view's node earlier in the third step than
+    in the first two must not compile again). Leaves are numbered in order of first use."""
     nodes: list[Node] = []
     seen: set = set()
-    stack = [v.node for v in roots]
+    stack = [v.node for v in reversed(roots)]
     pop, push, add, keep = stack.pop, stack.append, seen.add, nodes.append
     while stack:
         node = pop()
+        if type(node) is tuple:            # every input of node[0] is placed: place it
+            keep(node[0])
+            continue
         if node in seen:
             continue
         add(node)
         if node.rule is not None:
-            keep(node)
-            for v in node.inputs:
+            push((node,))
+            for v in reversed(node.inputs):
                 push(v[0])
-    nodes.sort(key=_creation)
     # node -> ~parameter index (leaves) or env index (nodes)
     slot: dict = dict(zip(nodes, range(len(nodes))))
     leaves: list[Node] = []
@@ -141,9 +143,6 @@ def collect(roots: list[Value], donatable=frozenset(), predecessor=None) -> Grap
         parts.append(v.index)
     mesh = _mesh_of(spread) if spread else None
     return Graph(nodes, leaves, list(roots), slot, tuple(donate), tuple(parts), mesh)
-
-
-_creation = operator.attrgetter("id")
 
 
 def _add_leaf(node: Node, slot: dict, leaves: list) -> int:
@@ -482,13 +481,16 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
             if v not in seen:
                 seen.add(v)
                 roots.append(v)
-        rng_state = rng.pending() if full else None
-        if rng_state is not None and rng_state not in seen:
-            roots.append(rng_state)
         if mark_step:
             metrics.inc("MarkStep")
         if not roots:
             return
+        # A drawn key is materialised by every sync that runs a graph, a partial one (``.cpu()``,
+        # ``.item()``) included: left pending, the next graph would take the whole chain of
+        # earlier draws as its input, growing and compiling anew at every draw.
+        rng_state = rng.pending()
+        if rng_state is not None and rng_state not in seen:
+            roots.append(rng_state)
         donatable = frozenset()
         predecessor = None
         if full and settings.get().donate:
@@ -513,7 +515,7 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
                 t._value = new
                 t._last_data = new
         if rng_state is not None:
-            rng.set_materialized(mapping[rng_state])
+            rng.set_materialized(rng_state, mapping[rng_state])
         for fn in _rebinders:
             fn(mapping)
 

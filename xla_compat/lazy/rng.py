@@ -67,13 +67,22 @@ def private(start: Value):
 
 
 def pending() -> Value | None:
-    """The state's Value if a graph has advanced it since the last sync."""
-    return _state if _state is not None and not _state.node.is_leaf else None
+    """This thread's state Value if a graph has advanced it since it was last materialised."""
+    if _state is None and not _streams:
+        return None
+    current = state()
+    return current if not current.node.is_leaf else None
 
 
-def set_materialized(value: Value) -> None:
+def set_materialized(old: Value, value: Value) -> None:
+    """A sync computed the pending state ``old``: every stream still at ``old`` takes ``value``.
+    A stream another thread advanced meanwhile keeps its newer draws."""
     global _state
-    _state = value
+    for own in list(_streams.values()):
+        if own[0] == old:
+            own[0] = value
+    if _state == old:
+        _state = value
 
 
 def get_state():

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from ._helpers import cast, dim, to
 from .registry import aten, lowering
+from .random import uniform
 
 
 def _zero(dtype):
@@ -130,7 +131,7 @@ def rrelu_with_noise(x, noise, lower=1 / 8, upper=1 / 3, training=False, generat
     if not training:
         slope = jnp.asarray((lower + upper) / 2, x.dtype)
         return jnp.where(x > 0, x, x * slope), noise
-    r = jax.random.uniform(key, x.shape, x.dtype, minval=lower, maxval=upper)
+    r = uniform(key, x.shape, x.dtype, minval=lower, maxval=upper)
     neg = x <= 0
     return jnp.where(neg, x * r, x), jnp.where(neg, r, jnp.ones((), noise.dtype)).astype(noise.dtype)
 
