@@ -6,12 +6,23 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ARGS = ["--steps", "10", "--batch", "8", "--seq", "32", "--dual-run", "strict",
         "--dual-run-steps", "1"]
 
 
-def _run(path: str, tmp, *extra, args=ARGS) -> str:
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """One persistent compile cache for this worker's demo runs: a later run of the same
+    configuration loads its executables (and must train to the same numbers)."""
+    return tmp_path_factory.mktemp("xla_compile_cache")
+
+
+def _run(path: str, tmp, *extra, args=ARGS, cache=None) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
+    if cache is not None:
+        env["XLA_PERSISTENT_CACHE_PATH"] = str(cache)
     proc = subprocess.run([sys.executable, "-m", "xla_compat.demo", *args, "--path", path,
                            "--checkpoint-dir", str(tmp), *extra], env=env, capture_output=True,
                           text=True, timeout=900)
@@ -19,8 +30,8 @@ def _run(path: str, tmp, *extra, args=ARGS) -> str:
     return proc.stdout
 
 
-def test_demo_trains_dual_runs_and_checkpoints(path, tmp_path):
-    first = _run(path, tmp_path)
+def test_demo_trains_dual_runs_and_checkpoints(path, tmp_path, compile_cache):
+    first = _run(path, tmp_path, cache=compile_cache)
     assert f"training a GPT on the {path} path" in first
     assert "reason:" in first                                 # the dispatch decision
     assert "sampled step 0: match" in first                   # the dual-run check
@@ -32,16 +43,21 @@ def test_demo_trains_dual_runs_and_checkpoints(path, tmp_path):
 
 def test_demo_repeats_exactly_with_the_same_seed(tmp_path):
     """Two short runs without dual-run (the full run above checks what dual-run adds); the
-    checkpoint folder does not exist yet: the demo makes it."""
+    checkpoint folder does not exist yet: the demo makes it. The second run loads the first
+    one's executables from a persistent compile cache."""
     final = re.compile(r"final loss: ([\d.]+)")
     short = ["--steps", "4", "--batch", "8", "--seq", "32", "--dual-run", "off"]
-    runs = [final.search(_run("functional", tmp_path / f"run{i}" / "ckpt", args=short)).group(1)
+    cache = tmp_path / "compile_cache"
+    outs = [_run("functional", tmp_path / f"run{i}" / "ckpt", args=short, cache=cache)
             for i in range(2)]
+    runs = [final.search(out).group(1) for out in outs]
     assert runs[0] == runs[1]
+    assert "PersistentCacheMiss" in outs[0] and "PersistentCacheMiss" not in outs[1]
+    assert re.search(r"PersistentCacheHit=\d+", outs[1])
 
 
-def test_demo_with_step_capture_replays_and_trains(path, tmp_path):
-    out = _run(path, tmp_path, "--capture")
+def test_demo_with_step_capture_replays_and_trains(path, tmp_path, compile_cache):
+    out = _run(path, tmp_path, "--capture", cache=compile_cache)
     stats = re.search(r"step capture: \{'replays': (\d+), 'recorded': (\d+)", out)
     assert stats, out[-2000:]
     assert int(stats.group(1)) == 8 and int(stats.group(2)) == 2   # 10 steps: 2 recorded

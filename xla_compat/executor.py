@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import jax
 
-from . import metrics, packed_numbers, settings, sharding
+from . import metrics, packed_numbers, persistent_cache, settings, sharding
 from .lazy import ir, rng
 from .lazy import tensor as _tensor
 from .lazy.ir import DeviceData, Node, Poisoned, ScalarParam, Value
@@ -382,7 +382,9 @@ def compile_graph(graph: Graph, params: list, baked: dict | None = None):
         fn, donate = packed_numbers.pack(fn, len(params), plan, graph.donate)
         params = packed_numbers.host_params(params, plan)
     lowered = _jit(graph, fn, donate).lower(*params)
-    compiled = lowered.compile()
+    persistent_cache.from_settings()
+    with persistent_cache.compiling():
+        compiled = lowered.compile()
     if plan is not None:
         compiled = packed_numbers.Packed(compiled, plan)
     elapsed = time.perf_counter_ns() - start

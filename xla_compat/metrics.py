@@ -155,6 +155,7 @@ def short_report() -> str:
             "TransferFromDevice", "InputOutputAliasCount")
     c = counters()
     parts = [f"{k}={c.get(k, 0)}" for k in keys]
+    parts += [f"{k}={c[k]}" for k in ("PersistentCacheHit", "PersistentCacheMiss") if k in c]
     parts += [f"{k}={v}" for k, v in sorted(c.items()) if k.startswith("aten::")]
     return " ".join(parts)
 

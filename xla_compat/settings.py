@@ -157,6 +157,8 @@ class Settings:
     metrics_file: str | None = None     # XLA_METRICS_FILE: write the metrics report here at exit
     compile_cache_size: int = 1024      # XLA_COMPILE_CACHE_SIZE: LRU bound on compiled graphs
     donate: bool = True                 # XLA_DONATE_BUFFERS: donate overwritten inputs
+    persistent_cache_path: str | None = None  # XLA_PERSISTENT_CACHE_PATH: compiled graphs on disk
+    persistent_cache_readonly: bool = False   # XLA_PERSISTENT_CACHE_READ_ONLY: load, never store
     raw: Mapping[str, str] = field(default_factory=dict)  # every XLA_* variable seen
 
     # -- path dispatch and rollout (xla_compat.dispatch, xla_compat.rollout) --------------------
@@ -207,6 +209,8 @@ class Settings:
             metrics_file=env.get("XLA_METRICS_FILE") or None,
             compile_cache_size=_int(env, "XLA_COMPILE_CACHE_SIZE", 1024, lo=1),
             donate=_flag(env, "XLA_DONATE_BUFFERS", True),
+            persistent_cache_path=env.get("XLA_PERSISTENT_CACHE_PATH") or None,
+            persistent_cache_readonly=_flag(env, "XLA_PERSISTENT_CACHE_READ_ONLY", False),
             dual_run=_choice(env, "XLA_DUAL_RUN", "off", ("off", "sample", "strict", "lockstep")),
             dual_run_rate=_fraction(env, "XLA_DUAL_RUN_RATE", 0.01),
             dual_run_report=env.get("XLA_DUAL_RUN_REPORT") or None,
