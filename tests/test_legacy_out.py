@@ -318,6 +318,9 @@ def _sweep(path: str) -> dict:
 
 
 
+# One worker takes every case (``make test`` runs ``--dist loadgroup``), so the sweep's one big
+# graph is traced and compiled once per run rather than once per worker.
+@pytest.mark.xdist_group("legacy_out_sweep")
 @pytest.mark.parametrize("name", _out_names())
 def test_every_out_variant_writes_like_eager_on_legacy(name, request):
     """The out= variant of every OpInfo op, first float32 sample, out tensors of eager's result
