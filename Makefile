@@ -15,7 +15,7 @@ demo: .venv
 	$(PY) -m xla_compat.demo
 
 test: .venv
-	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup -m "not slow" tests
+	$(PY) -m pytest -q -n $(JOBS) -m "not slow" tests
 
 conformance: .venv
 	$(PY) -m tests.conformance.run --full --paths legacy,functional --cap $(CAP) --jobs $(JOBS)
