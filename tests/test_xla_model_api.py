@@ -1,6 +1,8 @@
 """The torch_xla-shaped API (xm, met): a torch_xla-style script runs with only its imports changed."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 import xla_compat.core.xla_model as xm
@@ -28,6 +30,21 @@ def test_xm_device_and_tensor_queries(path):
     assert xm.is_xla_tensor(torch.ones(2, device=dev)) and not xm.is_xla_tensor(torch.ones(2))
     assert xm.get_ordinal() == 0 and xm.xrt_world_size() == 1 and xm.is_master_ordinal()
     assert xm.xla_device_hw(dev) == "CPU"
+
+
+def test_xr_runtime_queries_answer_for_one_process_driving_every_device(path):
+    import jax
+
+    import xla_compat.runtime as xr
+    assert xr.device_type() == "CPU"
+    assert (xr.world_size(), xr.global_ordinal(), xr.local_ordinal()) == (1, 0, 0)
+    assert (xr.process_index(), xr.process_count()) == (0, 1)
+    assert xr.global_runtime_device_count() == xr.addressable_runtime_device_count() \
+        == len(jax.devices())
+    xr.use_spmd()
+    assert xr.is_spmd()
+    if not os.environ.get("XLA_PERSISTENT_CACHE_PATH"):
+        assert xr.is_cache_initialized() is False     # no persistent compile cache unless asked
 
 
 def test_met_counters_and_metrics_have_torch_xla_shapes(path):
