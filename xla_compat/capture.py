@@ -383,12 +383,24 @@ def _record(fn, args, kwargs, extra, slots):
     return result, Recording(rule, inputs, avals, writes, clears, marked, rng_out)
 
 
-# A number passed to an executable costs about this much per run (jax converts and passes it);
-# the recorded step's numbers are compiled in when that saves its compile time within
-# BAKE_HORIZON replays (a short elementwise step: yes; a training step that compiles for
-# seconds: no, its few numbers cost little next to it).
-PER_NUMBER_NS = 2_500
+# What a replay pays for numbers it passes rather than has compiled in. They travel packed
+# (packed_numbers.Packed): a replay passes the same numbers as the last call, which reuses that
+# call's device vectors after comparing each number. Measured on W1's recorded step (30
+# numbers): 20-40 us per replay in all; packing a number costs ~0.06 us. The recorded step's
+# numbers are compiled in when that saves its compile time within BAKE_HORIZON replays: a short
+# elementwise step, yes; a training step that compiles for seconds, no (W3's legacy step has
+# 183 numbers: compiling them in took a second 3.9 s compile for ~0.05 ms per replay).
+PACKED_CALL_NS = 25_000
+PER_NUMBER_NS = 100
 BAKE_HORIZON = 10_000
+
+
+def bake_pays(n_numbers: int, compile_ns: Optional[int]) -> bool:
+    """Whether compiling ``n_numbers`` numbers in saves a compile of ``compile_ns`` (None:
+    unknown, assume it does) within BAKE_HORIZON replays."""
+    if compile_ns is None:
+        return True
+    return (PACKED_CALL_NS + n_numbers * PER_NUMBER_NS) * BAKE_HORIZON > compile_ns
 
 
 def _replay_rule(graph, compiled, inputs: list):
@@ -397,9 +409,7 @@ def _replay_rule(graph, compiled, inputs: list):
     numbers = {i: leaf.value for i, leaf in enumerate(graph.leaves)
                if type(leaf) is ScalarParam}
     compile_ns = getattr(compiled, "xla_compat_compile_ns", None)
-    if (not numbers or graph.mesh is not None
-            or (compile_ns is not None and len(numbers) * PER_NUMBER_NS * BAKE_HORIZON
-                <= compile_ns)):
+    if not numbers or graph.mesh is not None or not bake_pays(len(numbers), compile_ns):
         return ReplayRule(graph, compiled), inputs
     structs = [None if i in numbers else jax.ShapeDtypeStruct(leaf.avals[0].shape,
                                                               leaf.avals[0].dtype)
