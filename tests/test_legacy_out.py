@@ -253,15 +253,10 @@ def _out_cases() -> dict:
     return cases
 
 
-_SWEEPS: dict = {}
-
-
 def _sweep(path: str) -> dict:
     """name -> None or the failure, every case traced on ``path`` into one graph (one compile);
     cases that fail at the sync run again alone."""
     from tests.conformance import harness
-    if path in _SWEEPS:
-        return _SWEEPS[path]
     cases, traced, failures = _out_cases(), {}, {}
     with xc.use_path(path), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -306,9 +301,7 @@ def _sweep(path: str) -> dict:
                 check(name, out, ret)
             except Exception as e:
                 failures[name] = f"{type(e).__name__}: {harness.first_line(e)}"
-    _SWEEPS[path] = {name: failures.get(name) for name in cases}
-    return _SWEEPS[path]
-
+    return {name: failures.get(name) for name in cases}
 
 
 def test_every_out_variant_writes_like_eager_on_legacy():

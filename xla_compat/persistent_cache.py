@@ -20,7 +20,6 @@ from . import metrics, settings
 
 _lock = threading.Lock()
 _path: str | None = None            # the directory in use; JAX keeps the first one it opens
-_readonly = False
 _counting = threading.local()       # set while this thread compiles one of our graphs
 _REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
 _HIT = "/jax/compilation_cache/cache_hits"
@@ -59,9 +58,7 @@ def initialize(path: str, readonly: bool = False) -> None:
 
 
 def _store(store: bool) -> None:
-    global _readonly
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0 if store else _NEVER)
-    _readonly = not store
 
 
 def path() -> str | None:

@@ -155,6 +155,5 @@ def randint_like(x, high, *, generator=None, key, aval, **_):
 @lowering(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype, random=True,
           meta=True)
 def randint_like_low(x, low, high, *, generator=None, key, aval, **_):
-    r = randint(key, aval.shape, cast(low, jnp.int64), cast(high, jnp.int64),
-                           dtype=jnp.int64)
+    r = randint(key, aval.shape, cast(low, jnp.int64), cast(high, jnp.int64), dtype=jnp.int64)
     return cast(r, aval.dtype)
