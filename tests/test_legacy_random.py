@@ -73,7 +73,10 @@ def draw_view(data, t):
     if kind == "permute":
         perm = data.draw(st.permutations(range(n)))
         return kind, lambda x: x.permute(*perm)
-    return kind, lambda x: x.reshape(-1) if x.is_contiguous() else x.t()
+    # reshape: a view where the layout allows one; otherwise a transposing view (t() takes at
+    # most 2 dims: a non-contiguous 3-d tensor, e.g. an unfold's, swaps its first and last)
+    return kind, lambda x: (x.reshape(-1) if x.is_contiguous()
+                            else x.t() if x.dim() <= 2 else x.transpose(0, -1))
 
 
 WRITES = {
