@@ -24,7 +24,7 @@ fuzz: .venv
 	$(PY) -m tests.fuzz.run --examples 20000 --out tests/fuzz/LAST_RUN.md
 
 bench: .venv
-	$(PY) benchmarks/run.py --out benchmarks/RESULTS.md
+	$(PY) benchmarks/run.py --passes 4 --out benchmarks/RESULTS.md
 
 clean:
 	rm -rf .venv build *.egg-info

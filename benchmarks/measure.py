@@ -17,7 +17,7 @@ import statistics
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import jax
@@ -63,6 +63,7 @@ class Measurement:
     max_err: float = float("nan")         # max |result - torch eager| over all result tensors
     check: str = ""                       # "ok", or which result differs from eager and how
     error: str = ""                       # the failure's first line when the variant failed
+    passes: tuple = ()                    # each pass's median when several passes ran (combine)
 
     @property
     def ok(self) -> bool:
@@ -299,6 +300,44 @@ def run_workload(workload, variants, warmup, iters, log=print) -> list[Measureme
         log(_progress(m))
         out.append(m)
     return out
+
+
+def combine(passes: list[list[Measurement]]) -> list[Measurement]:
+    """One Measurement per (workload, variant) from several passes over the same variants, in
+    the first pass's order: the median of the passes' medians (the issue's reference numbers are
+    the middle of 4 passes: one slow spell of the shared machine moves one pass, not the cell),
+    each pass's median kept in ``passes``. The counts come from the pass whose median is the
+    lower middle; ``new_compiles``, peak memory and the error vs eager are the worst pass's; a
+    failure or a mismatch in any pass is the cell's."""
+    by: dict = {}
+    for results in passes:
+        for m in results:
+            by.setdefault((m.workload, m.variant), []).append(m)
+    out = []
+    for ms in by.values():
+        medians = tuple(m.median for m in ms)
+        failed = next((m for m in ms if m.error), None)
+        if failed is not None:
+            out.append(replace(failed, passes=medians))
+            continue
+        middle = sorted(ms, key=lambda m: m.median)[(len(ms) - 1) // 2]
+        wrong = next((m for m in ms if m.check != "ok"), None)
+        out.append(replace(
+            middle, median=statistics.median(medians), passes=medians,
+            trace_median=statistics.median(m.trace_median for m in ms),
+            new_compiles=max(m.new_compiles for m in ms),
+            peak_rss_mb=max(m.peak_rss_mb for m in ms),
+            max_err=max(m.max_err for m in ms),
+            check=wrong.check if wrong is not None else "ok"))
+    return out
+
+
+def spread(m: Measurement) -> float:
+    """The slowest pass over the fastest (NaN with fewer than two passes): how far the same cell
+    moved between passes of one run."""
+    if len(m.passes) < 2 or m.error or min(m.passes) <= 0:
+        return float("nan")
+    return max(m.passes) / min(m.passes)
 
 
 def _progress(m: Measurement) -> str:

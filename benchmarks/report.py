@@ -12,6 +12,7 @@ import jax
 import torch
 
 import xla_compat as xc
+from benchmarks import targets
 from benchmarks.measure import LABELS, LAZY, VARIANTS, Measurement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,6 +134,8 @@ def _baseline(previous: str, current_profile: str, machine: dict) -> str:
 def report(results, workloads_run, args, machine_start, machine_end, profiles: str,
            previous: str = "", floors: str = "") -> str:
     failures = [m for m in results if m.error or not m.ok]
+    passes = getattr(args, "passes", 1)
+    full = not getattr(args, "quick", False)
     out = [
         "# Benchmarks: torch eager CPU vs hlo (legacy, functional) vs hand-written JAX",
         "",
@@ -146,7 +149,10 @@ def report(results, workloads_run, args, machine_start, machine_end, profiles: s
         "noisy: compare ratios within this run only." + (f" Note: {args.note}" if args.note else ""),
         "",
         f"Each cell: median of {args.iters} timed iterations after {args.warmup} warm-up "
-        "iterations, in the workload's unit (W1: µs per op; others: ms per step). On hlo a "
+        "iterations, in the workload's unit (W1: µs per op; others: ms per step)"
+        + (f"; every variant ran in {passes} passes, one pass over all workloads after another, "
+           "and a cell is the median of its passes' medians (the issue's reference numbers are "
+           "the middle of 4 passes)" if passes > 1 else "") + ". On hlo a "
         "step includes tracing, `xla_compat.sync()` and `xla_compat.wait_device_ops()`; the JAX "
         "twin's includes `block_until_ready`. Ratios > 1 mean slower than the reference column.",
         "",
@@ -154,6 +160,17 @@ def report(results, workloads_run, args, machine_start, machine_end, profiles: s
         "",
         summary_table(results, workloads_run),
         "",
+        "## Issue 8's targets in this run",
+        "",
+        "Each bar of issue 8's \"what must be shown\", judged on the table above"
+        + ("" if full else " (quick sizes: absolute bars are not judged)") + ".",
+        "",
+        targets.table(results, workloads_run, full),
+        "",
+        *([f"## Spread across the {passes} passes", "",
+           "How far each cell moved between passes of this run: the noise any ratio above "
+           "carries, and the bar of \"functional within legacy's spread\".", "",
+           targets.spread_table(results), ""] if passes > 1 else []),
         "## The floor of Python dispatch",
         "",
         floors,

@@ -21,8 +21,8 @@ if str(ROOT) not in sys.path:
 # ratio against eager. Set OMP_WAIT_POLICY yourself to measure another policy; the report says
 # which one ran.
 
-from benchmarks import floor, report as rep, workloads  # noqa: E402
-from benchmarks.measure import VARIANTS, profile, run_workload  # noqa: E402
+from benchmarks import floor, report as rep, targets, workloads  # noqa: E402
+from benchmarks.measure import VARIANTS, combine, profile, run_workload  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -33,6 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated workloads, e.g. W1,W4")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of "
                    + ", ".join(VARIANTS) + " (torch eager always runs: it is the reference)")
+    p.add_argument("--passes", type=int, default=1,
+                   help="run every variant this many times, a pass at a time; each cell is the "
+                        "median of its passes' medians and the report shows their spread")
     p.add_argument("--warmup", type=int)
     p.add_argument("--iters", type=int)
     p.add_argument("--profile", metavar="W", help="only print the cProfile of one step of W")
@@ -44,6 +47,8 @@ def main(argv=None) -> int:
                    help="steps under the profiler (per-op cost = percall of the hot entries)")
     args = p.parse_args(argv)
     args.argv = argv
+    if args.passes < 1:
+        p.error("--passes must be at least 1")
     args.warmup = args.warmup if args.warmup is not None else (2 if args.quick else 5)
     args.iters = args.iters if args.iters is not None else (5 if args.quick else 30)
     sizes = workloads.QUICK if args.quick else workloads.FULL
@@ -63,11 +68,17 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     machine_start = rep.machine()
-    print(f"load average {machine_start['load']}; {args.warmup} warm-up + {args.iters} timed")
-    results = []
-    for w in chosen:
-        print(f"{w.name}: {w.describe()}")
-        results += run_workload(w, variants, args.warmup, args.iters)
+    print(f"load average {machine_start['load']}; {args.warmup} warm-up + {args.iters} timed; "
+          f"{args.passes} pass(es)")
+    passes = []
+    for k in range(args.passes):
+        results = []
+        for w in chosen:
+            print(f"{w.name}: {w.describe()}" + (f" (pass {k + 1} of {args.passes})"
+                                                 if args.passes > 1 else ""))
+            results += run_workload(w, variants, args.warmup, args.iters)
+        passes.append(results)
+    results = combine(passes) if len(passes) > 1 else passes[0]
     prof = profiles("W1")
     eager = {m.workload: m.median for m in results if m.variant == "eager" and m.ok}
     floors = floor.table(chosen, eager)
@@ -76,6 +87,8 @@ def main(argv=None) -> int:
     print(rep.summary_table(results, chosen))
     print()
     print(floors)
+    print()
+    print(targets.table(results, chosen, full=not args.quick))
     if args.out:
         out = Path(args.out)
         previous = out.read_text() if out.exists() else ""

@@ -143,3 +143,76 @@ def test_the_dispatch_floor_table_counts_each_workloads_aten_ops():
     text = floor.table([w4], {"W4": 1.0})
     assert "| W4 | " in text and "floor (eager's ops) / eager" in text
     assert "| W4 | legacy | " in text and "| W4 | functional | " in text
+
+
+# -- several passes and issue 8's targets ---------------------------------------------------------
+
+def _m(workload, variant, median, **kw):
+    return measure.Measurement(workload=workload, variant=variant, unit="ms", median=median,
+                               check=kw.pop("check", "ok"), **kw)
+
+
+def test_passes_combine_into_the_median_of_their_medians_and_keep_the_worst_counts():
+    passes = [[_m("W2", "legacy", 10.0, new_compiles=0, graph_nodes=(5,)),
+               _m("W2", "jax", 8.0)],
+              [_m("W2", "legacy", 30.0, new_compiles=2, graph_nodes=(5,)),
+               _m("W2", "jax", 9.0, check="loss: max abs err 1 > atol")],
+              [_m("W2", "legacy", 12.0, new_compiles=0, graph_nodes=(5,)),
+               _m("W2", "jax", 7.0, error="RuntimeError: boom")]]
+    legacy, jax_ = measure.combine(passes)
+    assert legacy.median == 12.0 and legacy.passes == (10.0, 30.0, 12.0)
+    assert legacy.new_compiles == 2 and legacy.graph_nodes == (5,) and legacy.ok
+    assert measure.spread(legacy) == pytest.approx(3.0)
+    # a failure in any pass fails the cell, a mismatch in any pass marks it
+    assert jax_.error == "RuntimeError: boom" and jax_.passes == (8.0, 9.0, 7.0)
+    two = measure.combine([[_m("W1", "jax", 2.0)], [_m("W1", "jax", 4.0,
+                                                       check="out: differs")]])[0]
+    assert two.median == 3.0 and two.check == "out: differs" and not two.ok
+    assert measure.spread(_m("W1", "jax", 2.0)) != measure.spread(_m("W1", "jax", 2.0))  # NaN
+
+
+def test_the_targets_table_judges_every_bar_of_issue_8():
+    from benchmarks import targets
+    ws = workloads.FULL
+    results = []
+    for w, jax_ms, traced, captured in (("W1", 4.0, (10.0, 12.0), (7.0, 9.0)),
+                                        ("W2", 10.0, (12.0, 14.0), (12.5, 13.5)),
+                                        ("W3", 200.0, (210.0, 220.0), (205.0, 205.0)),
+                                        ("W4", 0.25, (2.0, 2.6), (0.4, 0.6))):
+        results += [_m(w, "eager", 5.0 if w != "W4" else 0.3), _m(w, "jax", jax_ms),
+                    _m(w, "legacy", traced[0], passes=(traced[0], traced[0] * 1.2),
+                       hlo_ops=(100,), transposes=(0,), donated_per_step=2.0),
+                    _m(w, "functional", traced[1], passes=(traced[1],), hlo_ops=(90,),
+                       transposes=(1,) if w == "W4" else (0,), donated_per_step=2.0),
+                    _m(w, "legacy+capture", captured[0], passes=(captured[0],)),
+                    _m(w, "functional+capture", captured[1], donated_per_step=1.0)]
+    rows = {(r.target, r.variant): r for r in targets.rows(results, ws)}
+    assert rows[("W1 lazily traced <= 11 us per op", "hlo legacy")].verdict == targets.MET
+    assert rows[("W1 lazily traced <= 11 us per op", "hlo functional")].verdict == targets.NOT_MET
+    assert rows[("W1 captured <= 2x hand-written JAX", "legacy, captured")].verdict == targets.MET
+    assert rows[("W1 captured <= 2x hand-written JAX",
+                 "functional, captured")].verdict == targets.NOT_MET           # 2.25x
+    assert rows[("W2 <= 1.3x hand-written JAX", "hlo legacy")].value == "1.20x"
+    assert rows[("W2 <= 1.3x hand-written JAX", "hlo functional")].verdict == targets.NOT_MET
+    assert rows[("W3 <= 1.3x hand-written JAX", "hlo functional")].verdict == targets.MET
+    assert rows[("W4 lazily traced no slower than torch eager",
+                 "hlo legacy")].verdict == targets.NOT_MET
+    assert rows[("W4's HLO holds no transpose", "hlo functional")].verdict == targets.NOT_MET
+    assert rows[("W4's HLO holds no transpose", "hlo legacy")].verdict == targets.MET
+    spread = "hlo functional / hlo legacy"
+    # functional 1.2x legacy: within legacy's 1.2x spread on W1, 1.3x beyond it on W4
+    assert rows[("W1 functional within legacy's spread", spread)].verdict == targets.MET
+    assert rows[("W4 functional within legacy's spread", spread)].verdict == targets.NOT_MET
+    # captured legacy ran one pass: no spread to judge against
+    assert rows[("W1 functional within legacy's spread", "functional, captured / legacy, "
+                 "captured")].verdict == targets.UNJUDGED
+    assert rows[("W2 functional HLO no larger than legacy's", "HLO ops")].verdict == targets.MET
+    donation = rows[("donation counted every step (W2-W4; W1 overwrites no input)",
+                     "every hlo variant")]
+    assert donation.verdict == targets.NOT_MET and "W2 legacy, captured: 0" in donation.value
+    assert rows[("zero new compiles after warm-up", "every hlo variant")].verdict == targets.MET
+    quick = {(r.target, r.variant): r for r in targets.rows(results, ws, full=False)}
+    assert quick[("W1 lazily traced <= 11 us per op",
+                  "hlo functional")].verdict == targets.UNJUDGED
+    table = targets.table(results, ws)
+    assert table.count("\n") == len(rows) + 1 and "**not met**" in table
