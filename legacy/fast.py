@@ -106,11 +106,12 @@ def _vmeta(t) -> "ops.VMeta":
 class _WritePlan:
     """The node the full path built for one in-place op and key, to be built again."""
 
-    __slots__ = ("op", "rule", "args", "kwargs", "kinds", "avals", "sig")
+    __slots__ = ("op", "rule", "args", "kwargs", "kinds", "tensors_at", "avals", "sig")
 
     def __init__(self, node: Node, kinds: tuple):
         self.op, self.rule, self.args, self.kwargs = node.op, node.rule, node.args, node.kwargs
         self.kinds, self.avals, self.sig = kinds, node.avals, node.sig_id()
+        self.tensors_at = tracer.tensors_at(kinds)
 
 
 def _write_key(func, dst, args, kwargs):

@@ -203,6 +203,9 @@ def test_failed_lowering_leaves_every_tensor_with_its_old_value(path, dev):
     assert_same(w, torch.arange(6.0))       # rolled back to its last materialised value
     with pytest.raises(RuntimeError, match="sync failed"):
         fresh.cpu()                           # no earlier value: a clear error, not garbage
+    w * w                                     # a trace plan for mul of this geometry...
+    with pytest.raises(RuntimeError, match="sync failed"):
+        fresh * fresh                         # ...replayed on the lost value: the same error
     w.mul_(2)                                 # and the next step works
     xc.sync()
     assert_same(w, torch.arange(6.0) * 2)

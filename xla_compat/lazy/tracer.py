@@ -561,7 +561,7 @@ class Plan:
     """What ``trace`` did for one op and argument geometry, to be done again."""
 
     __slots__ = ("op", "rule", "args", "kwargs", "kinds", "avals", "outs", "single", "sig",
-                 "geos", "first")
+                 "geos", "first", "tensors_at")
 
     def __init__(self, op, rule, args, kwargs, kinds, avals, outs, single, sig, first):
         self.op, self.rule, self.args, self.kwargs = op, rule, args, kwargs
@@ -570,6 +570,15 @@ class Plan:
         # single: None for one output tensor, else the type of the output sequence
         # each output's geometry as a plan key holds it (see _geometry_of)
         self.geos = tuple((tuple(m.shape), tuple(m.stride), m.dtype, m.offset) for m in outs)
+        self.tensors_at = tensors_at(kinds)
+
+
+def tensors_at(kinds: tuple):
+    """The positions of a plan's tensor arguments when tensors are all it takes (no lifted
+    number, no list): ``plan_node``'s fast path, most ops' case; else None."""
+    if all(k == _TENSOR or k == 0 for k in kinds):
+        return tuple(i for i, k in enumerate(kinds) if k == _TENSOR)
+    return None
 
 
 def keep(table: dict, key, value, limit: int):
@@ -793,8 +802,8 @@ _new_tuple = tuple.__new__
 
 
 def plan_node(plan, args, depth: int = 1) -> Node:
-    """The node a plan (op, rule, argument and keyword templates, ``kinds`` of the arguments,
-    avals, interned signature) builds on ``args`` (``call_values``' order): their values where
+    """The node a plan (op, rule, argument and keyword templates, ``kinds`` of the arguments and
+    ``tensors_at`` of them, avals, interned signature) builds on ``args`` (``call_values``' order): their values where
     it takes tensors, new lifted numbers where it takes numbers. Called with the tracer lock
     held; ``depth`` as for ``traced_node``."""
     inputs = []
