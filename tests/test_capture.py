@@ -360,3 +360,47 @@ def test_numbers_are_compiled_in_only_where_the_replays_repay_the_second_compile
     assert not capture.bake_pays(183, 3_900_000_000)
     assert capture.bake_pays(183, None)          # compile time unknown: as before
     assert not capture.bake_pays(1, 10 ** 12)
+
+
+def test_a_replay_frees_the_gradients_it_replaces_and_compiles_nothing_new(path, dev):
+    # A replay drops last step's gradients only once its executable is dispatched (the frees
+    # overlap the execution); they must still be gone when the call returns, and a gradient the
+    # step reads (accumulation) must keep its buffer donatable: the same executable every call.
+    import gc
+    import weakref
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1, momentum=0.9)
+    step, eager = xc.compile(_eager_step), []
+    batches = _batches(5)
+    for x, y in batches[:3]:
+        step(model, opt, x.to(dev), y.to(dev))
+        eager.append(_eager_step(cpu_model, cpu_opt, x, y))
+    old = [weakref.ref(p.grad) for p in model.parameters()]
+    compiles = met.counter_value("UncachedCompile")
+    gc.disable()                       # freed by reference counting, not by a collection
+    try:
+        got = step(model, opt, batches[3][0].to(dev), batches[3][1].to(dev))
+        assert [r() for r in old] == [None] * len(old)
+    finally:
+        gc.enable()
+    assert step.stats["replays"] >= 2 and met.counter_value("UncachedCompile") == compiles
+    assert_same(got, _eager_step(cpu_model, cpu_opt, *batches[3]))
+
+    def accumulate(model, opt, x, y):        # no zero_grad: backward reads each .grad,
+        F.mse_loss(model(x), y).backward()
+        for p in model.parameters():          # and a new tensor takes its place
+            p.grad = p.grad * 0.5
+        opt.step()
+    acc = xc.compile(accumulate)
+    for i, (x, y) in enumerate(batches):
+        acc(model, opt, x.to(dev), y.to(dev))
+        accumulate(cpu_model, cpu_opt, x, y)
+        if i == 0:                           # recorded (every .grad already set)
+            compiles = met.counter_value("UncachedCompile")
+    assert acc.stats["replays"] == len(batches) - 1
+    assert met.counter_value("UncachedCompile") == compiles
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p, q, rtol=1e-4, atol=1e-5)
+        assert_same(p.grad, q.grad, rtol=1e-4, atol=1e-5)

@@ -56,24 +56,31 @@ class CaptureRefused(Exception):
 # ----------------------------------------------------------------------------------------------
 # State: every tensor a step can read or write, by a stable address.
 
-@dataclass(frozen=True)
 class StateSlot:
     """One place a device tensor lives: ``get()`` reads it, ``put(t)`` rebinds it (or None when
-    the place cannot be rebound, e.g. an argument: only written in place)."""
+    the place cannot be rebound, e.g. an argument: only written in place). Every call walks its
+    state anew (the guards), so a slot is a plain object, not a (slower to make) dataclass."""
 
-    address: tuple
-    get: Callable[[], Any]
-    put: Optional[Callable[[Any], None]]
+    __slots__ = ("address", "get", "put")
+
+    def __init__(self, address: tuple, get: Callable[[], Any], put: Optional[Callable]):
+        self.address, self.get, self.put = address, get, put
+
+    def __repr__(self):
+        return f"StateSlot({self.address!r})"
+
+
+_HLO = "hlo"
 
 
 def _is_device(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == "hlo"
+    return isinstance(t, torch.Tensor) and t.device.type == _HLO
 
 
 def _walk_args(value, address, slots: list, sig: list) -> None:
     if isinstance(value, torch.Tensor):
-        if _is_device(value):
-            slots.append(StateSlot(address, lambda v=value: v, None))
+        if value.device.type == _HLO:
+            slots.append(StateSlot(address, _constant(value), None))
         else:
             sig.append((address, "host", tuple(value.shape), value.dtype))
     elif isinstance(value, torch.nn.Module):
@@ -98,6 +105,10 @@ def _walk_args(value, address, slots: list, sig: list) -> None:
             sig.append((address, "object", id(value)))
 
 
+def _constant(value):
+    return lambda: value
+
+
 class _Attributes:
     """Walk this object's attributes (the ``self`` of a step that is a method)."""
 
@@ -109,13 +120,16 @@ def _walk_attributes(obj, address, slots: list, sig: list) -> None:
     for name, v in sorted(vars(obj).items()):
         a = address + (name,)
         if _is_device(v) or v is None:
-            slots.append(StateSlot(a, lambda o=obj, n=name: getattr(o, n, None),
-                                   _setter(obj, name)))
+            slots.append(StateSlot(a, _attribute(obj, name), _setter(obj, name)))
         elif isinstance(v, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor, list, tuple,
                             dict)):
             _walk_args(v, a, slots, sig)
         else:
             _walk_args(v, a, [], sig)     # plain values are guards, deeper objects by identity
+
+
+def _attribute(obj, name):
+    return lambda: getattr(obj, name, None)
 
 
 def _setter(obj, name):
@@ -124,41 +138,79 @@ def _setter(obj, name):
     return put
 
 
+def _grad_of(p):
+    return lambda: p.grad
+
+
 def _walk_module(m: torch.nn.Module, address, slots: list, sig: list) -> None:
-    for name, sub in m.named_modules():
+    """``named_modules`` and each one's own parameters and buffers, read from the modules'
+    dicts (torch's generators cost more than the walk's own work, and this runs every call)."""
+    for name, sub in _named_modules(m):
         sig.append((address, name, sub.training))
-        for pname, p in sub.named_parameters(recurse=False):
+        seen = set()
+        for pname, p in sub._parameters.items():
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
             a = address + (name, pname)
-            slots.append(StateSlot(a + ("param",), lambda p=p: p, None))
-            slots.append(StateSlot(a + ("grad",), lambda p=p: p.grad, _setter(p, "grad")))
-        for bname, b in sub.named_buffers(recurse=False):
-            a = address + (name, bname, "buffer")
-            slots.append(StateSlot(a, lambda s=sub, n=bname: getattr(s, n), _setter(sub, bname)))
+            slots.append(StateSlot(a + ("param",), _constant(p), None))
+            slots.append(StateSlot(a + ("grad",), _grad_of(p), _setter(p, "grad")))
+        for bname, b in sub._buffers.items():
+            if b is not None and id(b) not in seen:
+                seen.add(id(b))
+                slots.append(StateSlot(address + (name, bname, "buffer"),
+                                       _attribute(sub, bname), _setter(sub, bname)))
+
+
+def _named_modules(m: torch.nn.Module, prefix: str = "", memo=None):
+    """``m.named_modules()``: each distinct module once, depth first, with its dotted name."""
+    if memo is None:
+        memo = set()
+    if id(m) in memo:
+        return
+    memo.add(id(m))
+    yield prefix, m
+    for name, sub in m._modules.items():
+        if sub is not None:
+            yield from _named_modules(sub, prefix + ("." if prefix else "") + name, memo)
 
 
 def _walk_optimizer(o: torch.optim.Optimizer, address, slots: list, sig: list) -> None:
+    state_of_param = o.state
     for gi, group in enumerate(o.param_groups):
         for k, v in group.items():
             if k != "params":
                 sig.append((address, gi, k, _hashable(v)))
         for pi, p in enumerate(group["params"]):
             a = address + (gi, pi)
-            slots.append(StateSlot(a + ("param",), lambda p=p: p, None))
-            slots.append(StateSlot(a + ("grad",), lambda p=p: p.grad, _setter(p, "grad")))
-            state = o.state.get(p)
+            slots.append(StateSlot(a + ("param",), _constant(p), None))
+            slots.append(StateSlot(a + ("grad",), _grad_of(p), _setter(p, "grad")))
+            state = state_of_param.get(p)
             if not state:
                 sig.append((a, "no state"))
                 continue
             for k, v in state.items():
                 if _is_device(v):
-                    def put(t, st=state, k=k):
-                        st[k] = t
-                    slots.append(StateSlot(a + ("state", k), lambda st=state, k=k: st.get(k), put))
+                    slots.append(StateSlot(a + ("state", k), _entry(state, k),
+                                           _entry_setter(state, k)))
                 else:
                     sig.append((a, k, _hashable(v)))
 
 
+def _entry(state: dict, k):
+    return lambda: state.get(k)
+
+
+def _entry_setter(state: dict, k):
+    def put(t):
+        state[k] = t
+    return put
+
+
 def _hashable(v):
+    tv = type(v)
+    if tv is float or tv is int or tv is bool or tv is str or v is None:
+        return v
     if isinstance(v, torch.Tensor):      # a host tensor (Adam's step): its value is the guard
         return ("tensor", v.dtype, tuple(v.shape), tuple(v.detach().flatten().tolist())
                 if v.numel() <= 16 else id(v))
@@ -207,10 +259,11 @@ def state_of(fn, args, kwargs, extra) -> tuple[list, tuple]:
     _walk_args(dict(kwargs), ("kwarg",), slots, sig)
     for i, obj in enumerate(list(extra) + _closure_state(fn)):
         _walk_args(obj, ("state", i), slots, sig)
+    put = sig.append
     for s in slots:
         t = s.get()
-        sig.append((s.address, None if t is None else
-                    (type(t), tuple(t.shape), t.dtype, t.requires_grad, tuple(t.stride()))))
+        put((s.address, None if t is None else
+             (type(t), tuple(t.shape), t.dtype, t.requires_grad, t.stride())))
     return slots, tuple(sig)
 
 
@@ -431,6 +484,7 @@ def _replay(rec: Recording, slots: list):
     impl = paths.active()
     by_address = {s.address: s for s in slots}
     inputs = []
+    read = set()          # id() of the leaves the replay reads
     for entry in rec.inputs:
         if entry[0] == "node":
             inputs.append(Value(entry[1], 0))
@@ -439,20 +493,27 @@ def _replay(rec: Recording, slots: list):
         else:
             _, address, signature = entry
             slot = by_address.get(address)
-            t = slot.get() if slot is not None else None
-            leaf = _leaf_of(t) if t is not None else None
+            # (no local keeps the tensor: held through the sync, its buffer would not be donated)
+            leaf = _slot_leaf(slot)
             if leaf is None or leaf.signature() != signature:
                 raise GuardFailure(f"{address} holds no device buffer like the recorded one")
+            read.add(id(leaf))
             inputs.append(Value(leaf, 0))
     node = Node(REPLAY_OP, rec.rule, rec.rule.template, (), tuple(inputs), rec.avals)
     metrics.inc("IrNodes")
+    # The tensors a rebind or a clear drops (last step's gradients) die after the executable is
+    # dispatched, not before: freeing their buffers then overlaps the execution. Only those the
+    # replay does not read: a kept reader would hold its buffer from donation.
+    dropped = []
     for k, address, how, (shape, dtype, stride) in rec.writes:
         slot = by_address[address]
         if how == "inplace":
             impl.assign(slot.get(), Value(node, k))
         else:
+            _keep_unread(slot.get(), read, dropped)
             slot.put(impl.wrap(impl.tensor_cls(Value(node, k), shape, dtype, stride)))
     for address in rec.clears:
+        _keep_unread(by_address[address].get(), read, dropped)
         by_address[address].put(None)
     if rec.rng_out is not None:
         rng.advance(Value(node, rec.rng_out))
@@ -473,7 +534,20 @@ def _replay(rec: Recording, slots: list):
 
     result = unmark(rec.result)
     executor.sync_all()
+    del dropped[:]
     return result
+
+
+def _slot_leaf(slot) -> Optional[Node]:
+    t = slot.get() if slot is not None else None
+    return _leaf_of(t) if t is not None else None
+
+
+def _keep_unread(t, read: set, dropped: list) -> None:
+    if t is not None:
+        leaf = _leaf_of(t)
+        if leaf is not None and id(leaf) not in read:
+            dropped.append(t)
 
 
 def difference(old: tuple, new: tuple) -> str:
