@@ -363,9 +363,10 @@ def test_numbers_are_compiled_in_only_where_the_replays_repay_the_second_compile
 
 
 def test_a_replay_frees_the_gradients_it_replaces_and_compiles_nothing_new(path, dev):
-    # A replay drops last step's gradients only once its executable is dispatched (the frees
-    # overlap the execution); they must still be gone when the call returns, and a gradient the
-    # step reads (accumulation) must keep its buffer donatable: the same executable every call.
+    # A replay drops last step's gradients (gone when the call returns), and holds no tensor it
+    # read through its sync: a step that reads each .grad and rebinds it donates the old buffer
+    # on every replay, as it did when recorded (one executable; a stale reference compiled a
+    # second one at the first replay).
     import gc
     import weakref
     model = _model().to(dev)

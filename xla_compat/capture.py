@@ -484,7 +484,6 @@ def _replay(rec: Recording, slots: list):
     impl = paths.active()
     by_address = {s.address: s for s in slots}
     inputs = []
-    read = set()          # id() of the leaves the replay reads
     for entry in rec.inputs:
         if entry[0] == "node":
             inputs.append(Value(entry[1], 0))
@@ -497,23 +496,19 @@ def _replay(rec: Recording, slots: list):
             leaf = _slot_leaf(slot)
             if leaf is None or leaf.signature() != signature:
                 raise GuardFailure(f"{address} holds no device buffer like the recorded one")
-            read.add(id(leaf))
             inputs.append(Value(leaf, 0))
     node = Node(REPLAY_OP, rec.rule, rec.rule.template, (), tuple(inputs), rec.avals)
     metrics.inc("IrNodes")
-    # The tensors a rebind or a clear drops (last step's gradients) die after the executable is
-    # dispatched, not before: freeing their buffers then overlaps the execution. Only those the
-    # replay does not read: a kept reader would hold its buffer from donation.
-    dropped = []
+    # (a tensor a rebind or a clear drops, last step's gradient, is freed here, before the
+    # executable allocates its outputs: an A/B that kept them until after the dispatch measured
+    # no gain, the execution running mostly inside the call, and the allocator loses the reuse)
     for k, address, how, (shape, dtype, stride) in rec.writes:
         slot = by_address[address]
         if how == "inplace":
             impl.assign(slot.get(), Value(node, k))
         else:
-            _keep_unread(slot.get(), read, dropped)
             slot.put(impl.wrap(impl.tensor_cls(Value(node, k), shape, dtype, stride)))
     for address in rec.clears:
-        _keep_unread(by_address[address].get(), read, dropped)
         by_address[address].put(None)
     if rec.rng_out is not None:
         rng.advance(Value(node, rec.rng_out))
@@ -534,7 +529,6 @@ def _replay(rec: Recording, slots: list):
 
     result = unmark(rec.result)
     executor.sync_all()
-    del dropped[:]
     return result
 
 
@@ -543,11 +537,6 @@ def _slot_leaf(slot) -> Optional[Node]:
     return _leaf_of(t) if t is not None else None
 
 
-def _keep_unread(t, read: set, dropped: list) -> None:
-    if t is not None:
-        leaf = _leaf_of(t)
-        if leaf is not None and id(leaf) not in read:
-            dropped.append(t)
 
 
 def difference(old: tuple, new: tuple) -> str:
