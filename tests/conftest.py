@@ -18,6 +18,9 @@ tracer.CHECK_GEOMETRY = True
 # The two paths users migrate between. A path package registers itself when imported.
 # XLA_COMPAT_TEST_PATHS=core,... narrows the set while developing.
 PATHS = tuple(os.environ.get("XLA_COMPAT_TEST_PATHS", "legacy,functional").split(","))
+# Property tests draw the same examples on every run (a red build is the code's fault, not the
+# draw's); XLA_COMPAT_FUZZ_RANDOM=1 explores fresh ones, as ``make fuzz`` does.
+RANDOM_DRAWS = os.environ.get("XLA_COMPAT_FUZZ_RANDOM", "") == "1"
 
 
 def _load(name: str) -> bool:

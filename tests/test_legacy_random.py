@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import xla_compat as xc
 from xla_compat import paths
-from tests.conftest import assert_same
+from tests.conftest import RANDOM_DRAWS, assert_same
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +88,8 @@ WRITES = {
 }
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck),
+          derandomize=not RANDOM_DRAWS, database=None)
 @given(data=st.data())
 def test_random_views_and_writes_match_eager(data):
     shape = tuple(data.draw(st.lists(st.integers(0, 4), min_size=1, max_size=3)))
