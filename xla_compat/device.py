@@ -13,7 +13,7 @@ import re
 import torch
 import torch.serialization
 
-from . import _backend, _jax
+from . import _backend, _jax, autograd_thread
 from .lazy.ir import Aval, Node, Value
 from .lazy.tensor import DEVICE, LazyTensor
 
@@ -37,6 +37,7 @@ def set_factory_provider(fn) -> None:
 
 def new_empty(size, dtype) -> torch.Tensor:
     """A fresh device tensor of ``size`` (zero-filled: uninitialised memory reads as zeros)."""
+    autograd_thread.claim()
     dtype = dtype or torch.get_default_dtype()
     size = tuple(int(s) for s in size)
     aval = Aval(size, _jax.to_jax_dtype(dtype))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import jax
 
-from . import metrics, packed_numbers, persistent_cache, settings, sharding
+from . import autograd_thread, metrics, packed_numbers, persistent_cache, settings, sharding
 from .lazy import ir, rng
 from .lazy import tensor as _tensor
 from .lazy.ir import DeviceData, Node, Poisoned, ScalarParam, Value
@@ -465,6 +465,7 @@ def _held_leaf_ids(exclude: set) -> set:
 
 def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
     """Materialise ``tensors`` (all live tensors with pending IR when None)."""
+    autograd_thread.claim()
     with lock:
         sharding.apply_all()     # marked tensors' current values take their layout
         full = tensors is None

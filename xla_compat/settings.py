@@ -159,6 +159,7 @@ class Settings:
     donate: bool = True                 # XLA_DONATE_BUFFERS: donate overwritten inputs
     persistent_cache_path: str | None = None  # XLA_PERSISTENT_CACHE_PATH: compiled graphs on disk
     persistent_cache_readonly: bool = False   # XLA_PERSISTENT_CACHE_READ_ONLY: load, never store
+    autograd_caller_thread: bool = True  # XLA_AUTOGRAD_CALLER_THREAD: backward on the calling thread
     raw: Mapping[str, str] = field(default_factory=dict)  # every XLA_* variable seen
 
     # -- path dispatch and rollout (xla_compat.dispatch, xla_compat.rollout) --------------------
@@ -211,6 +212,7 @@ class Settings:
             donate=_flag(env, "XLA_DONATE_BUFFERS", True),
             persistent_cache_path=env.get("XLA_PERSISTENT_CACHE_PATH") or None,
             persistent_cache_readonly=_flag(env, "XLA_PERSISTENT_CACHE_READ_ONLY", False),
+            autograd_caller_thread=_flag(env, "XLA_AUTOGRAD_CALLER_THREAD", True),
             dual_run=_choice(env, "XLA_DUAL_RUN", "off", ("off", "sample", "strict", "lockstep")),
             dual_run_rate=_fraction(env, "XLA_DUAL_RUN_RATE", 0.01),
             dual_run_report=env.get("XLA_DUAL_RUN_REPORT") or None,
