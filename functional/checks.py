@@ -382,6 +382,42 @@ def _in_place_overlap_kernel(op):
     return kernel
 
 
+def _foreach_writes(has) -> list:
+    return [op for op in _aten_overloads()
+            if write_checks.foreach_write(op) and has(op.name(), "Functionalize")]
+
+
+def _foreach_kernel(op):
+    """``op``'s Functionalize kernel (an in-place foreach op): upstream's, position by position
+    where a written tensor shares memory with another position's (eager's CPU order,
+    ``write_checks.foreach_crosses``; upstream's runs the functional op on all positions at
+    once). Cost: one storage lookup per tensor (~0.1 us)."""
+    upstream = torch.library.get_kernel(op, "Functionalize")
+
+    def kernel(keyset, self, *args, **kwargs):
+        call = (self, *args)
+        _foreach_partial_overlaps(op, call, kwargs)
+        if not write_checks.foreach_crosses(call, kwargs, STORAGES):
+            return upstream.call_boxed(keyset, self, *args, **kwargs)
+        for a, k in write_checks.foreach_one_by_one(call, kwargs):
+            upstream.call_boxed(keyset, *a, **k)
+        return None
+    kernel.__name__ = f"one_by_one_{op._schema.name.split('::')[1]}_{op._overloadname}"
+    return kernel
+
+
+def _foreach_partial_overlaps(op, call, kwargs) -> None:
+    """Eager's error where an operand at some list position partially overlaps the tensor
+    written there (``_foreach_add_([c[1:]], [c[:-1]])``; upstream checks the inner tensors)."""
+    written = call[0]
+    n = len(written)
+    for x in (*call[1:], *kwargs.values()):
+        if type(x) in (list, tuple) and len(x) == n:
+            for t, o in zip(written, x):
+                if o is not t and direct.shares_storage(t, o):
+                    direct.raise_on_partial_overlap(op, t, o)
+
+
 _lib = None
 
 
@@ -402,6 +438,8 @@ def install() -> None:
         _lib.impl(aten.copy_.default, _copy_functionalize, "Functionalize", with_keyset=True)
         for op in _in_place_ops_with_operands(torch._C._dispatch_has_kernel_for_dispatch_key):
             _lib.impl(op, _in_place_overlap_kernel(op), "Functionalize", with_keyset=True)
+        for op in _foreach_writes(torch._C._dispatch_has_kernel_for_dispatch_key):
+            _lib.impl(op, _foreach_kernel(op), "Functionalize", with_keyset=True)
         for op, meta in in_place:
             _lib.impl(op, _in_place_reference(op, meta), "Meta")
             functional = tracer.mutation_info(op)[2]

@@ -22,6 +22,22 @@ VERSION = "1.0"
 skip_frames_in(__path__[0])
 
 
+def _list_for_foreach_kernels() -> None:
+    """torch's optimizers and ``clip_grad_norm_`` pick their multi-tensor (``_foreach_*``) kernels
+    only for parameters whose exact type is listed (``type(p) in _foreach_supported_types``), as
+    ``torch.distributed.tensor`` lists DTensor. Unlisted, a legacy model's SGD step was a loop of
+    3 ops per parameter while the same model on the functional path (plain ``Parameter``s) took
+    the foreach kernels: slower to trace, and the two paths ran different optimizer code."""
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+    for types in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
+        if LegacyTensor not in types:
+            types.append(LegacyTensor)
+
+
+_list_for_foreach_kernels()
+
+
 def _owns(t) -> bool:
     return isinstance(t, LegacyTensor)
 

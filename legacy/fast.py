@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from xla_compat import _jax
+from xla_compat import _jax, write_checks
 from xla_compat.lazy import ir, tracer
 from xla_compat.lazy.ir import Node, ScalarParam, Slot, Value
 from xla_compat.lazy.tensor import lock
@@ -34,6 +34,7 @@ tracer.plan_memos.extend([_VIEW_PLANS, _WRITE_PLANS])
 
 _NUMBER = (int, float, bool)     # the numbers a write plan lifts (see _kinds)
 _TENSOR, _SCALAR = tracer._TENSOR, tracer._SCALAR   # write-plan argument kinds (0: static)
+_TENSORS, _SCALARS = tracer._TENSORS, tracer._SCALARS   # (lists of each: foreach ops)
 
 
 def _static(func, x, parts: list) -> bool:
@@ -232,6 +233,142 @@ def _holds_slot(t) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
+# Writes into lists: an in-place foreach op (``_foreach_add_(params, bufs, alpha=-lr)``, an
+# optimizer's multi-tensor step) writes output i of one node into ``self[i]``.
+
+_MANY_PLANS: dict = {}    # key -> _WritePlan of the functional foreach node
+tracer.plan_memos.append(_MANY_PLANS)
+DONE = object()           # a plan handled an op that returns nothing (the dispatch returns None)
+_LISTS = (list, tuple)
+
+
+def _many_key(func, args, kwargs):
+    """The tracer's plan key of the call (each tensor's geometry, the static values, the type
+    of a free float) and, over its tensors in call order, which storage and which tensor object
+    each is (first-seen numbering), and for a view its chain's injectivity and its storage's
+    size: what the full path's overlap checks decide on. None where no plan may hold the call.
+    Runs per optimizer op over every parameter, so in comprehensions."""
+    base = tracer._plan_key(LegacyTensor, func, args, kwargs)
+    if base is None:
+        return None
+    flat = []
+    for x in tracer.call_values(args, kwargs):
+        if type(x) is LegacyTensor:
+            flat.append(x)
+        elif type(x) in _LISTS and x and type(x[0]) is LegacyTensor:
+            flat.extend(x)
+    aliases = [t._alias for t in flat]
+    first = {a: i for i, a in enumerate(dict.fromkeys(aliases))}     # (by identity)
+    if any(a.sharding is not None for a in first):
+        return None
+    objects = [id(t) for t in flat]
+    seen = {k: i for i, k in enumerate(dict.fromkeys(objects))}
+    chains = [t._chain for t in flat]
+    views_of = (tuple([(views.injective(c), a.nbytes) if c else None
+                       for c, a in zip(chains, aliases)]) if any(chains) else None)
+    return (base, tuple([first[a] for a in aliases]), tuple([seen[k] for k in objects]),
+            views_of)
+
+
+def write_many(func, args, kwargs=None):
+    """In-place foreach ``func`` from its plan (``DONE``); None where the full path must run
+    (it runs here on a plan's first sight, and records the plan)."""
+    dsts = args[0] if args else None
+    if type(dsts) not in _LISTS or not dsts or type(dsts[0]) is not LegacyTensor:
+        return None
+    key = _many_key(func, args, kwargs)
+    if key is None:
+        return None
+    plan = _MANY_PLANS.get(key)
+    if plan is None:
+        return _first_many(key, func, dsts, args, kwargs or {})
+    with lock:
+        node = tracer.plan_node(plan, tracer.call_values(args, kwargs))
+        for i, t in enumerate(dsts):
+            t._value = _new_tuple(Value, (node, i))     # records the write on its storage
+    return DONE
+
+
+_new_tuple = tuple.__new__
+
+
+def _first_many(key, func, dsts, args, kwargs):
+    with lock:
+        values = tracer.call_values(args, kwargs)
+        before = [_values_of(x) for x in values]
+        ops.dispatch(func, args, kwargs)
+        plan = _many_plan(func, dsts, values, kwargs, before)
+        if plan is not None:
+            tracer.keep(_MANY_PLANS, key, plan, _LIMIT)
+    return DONE
+
+
+def _values_of(x):
+    if type(x) is LegacyTensor:
+        return x._value
+    if type(x) in _LISTS and x and type(x[0]) is LegacyTensor:
+        return tuple(t._value for t in x)
+    return None
+
+
+def _many_plan(func, dsts, values, kwargs, before):
+    """The plan of what the full path just did, or None where it did anything but build one
+    node of the functional foreach op on the arguments' values and write its outputs, in order
+    and uncast, into ``self``'s tensors (a call run position by position builds several)."""
+    node = dsts[0]._v.node
+    for i, t in enumerate(dsts):
+        if t._v.node is not node or t._v.index != i or t._gen != t._alias.gen:
+            return None
+    names, fresh, functional = tracer.mutation_info(func)
+    rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
+    if (names != ("self",) or fresh or node.rule is None or node.rule is not rule or rule.random
+            or len(node.avals) != len(dsts) or len(node.args) + len(node.kwargs) != len(values)
+            or tuple(n for n, _ in node.kwargs) != tuple(sorted(kwargs))):
+        return None
+    for t, aval in zip(dsts, node.avals):
+        if aval != ir.Aval(tuple(t.shape), _jax.to_jax_dtype(t.dtype)):
+            return None
+    kinds, slots = [], []
+    templates = (*node.args, *(t for _, t in node.kwargs))
+    for x, t, b in zip(values, templates, before):
+        kind = _many_kind(node, x, t, b)
+        if kind is None:
+            return None
+        kinds.append(kind)
+        if kind:
+            slots.extend(e.k for e in (t if type(t) is tuple else (t,)))
+    if slots != list(range(len(node.inputs))) or not tracer.free_float_kinds_ok(
+            func, values, {}, kinds):
+        return None
+    return _WritePlan(node, tuple(kinds))
+
+
+def _many_kind(node, x, t, b):
+    """One argument's plan kind (``plan_node``'s), or None where the node does not hold it as
+    the plain call would: a tensor (list) as its current value(s), a number (list) lifted."""
+    if type(t) is Slot:
+        got = node.inputs[t.k]
+        if b is not None and type(b) is not tuple:
+            return _TENSOR if got is b else None
+        if type(x) in _NUMBER and type(got.node) is ScalarParam and got.node.value == x:
+            return _SCALAR
+        return None
+    if type(t) is tuple and t and all(type(e) is Slot for e in t):
+        got = [node.inputs[e.k] for e in t]
+        if type(b) is tuple:
+            return _TENSORS if len(b) == len(got) and all(
+                g is w for g, w in zip(got, b)) else None
+        if type(x) in _LISTS and len(x) == len(got) and all(
+                type(e) in _NUMBER and type(g.node) is ScalarParam and g.node.value == e
+                for e, g in zip(x, got)):
+            return _SCALARS
+        return None
+    if isinstance(t, torch.Tensor) or _holds_slot(t) or t != x:
+        return None
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
 # Which ops have a plan handler here (decided once per op).
 
 _HANDLERS: dict = {}
@@ -251,6 +388,8 @@ def _classify(func):
     if func is aten.copy_.default:
         return write
     schema = func._schema
+    if _foreach_in_place(func):
+        return write_many
     if (not schema.is_mutable or func in ops.RESTRIDES or func in tracer._SPECIAL
             or func is aten.index_put_.default or len(schema.returns) != 1):
         return None
@@ -264,4 +403,16 @@ def _classify(func):
     return write if rule is not None and not rule.random else None
 
 
-_tensor.bind_plans(handler)
+def _foreach_in_place(func) -> bool:
+    """A ``_foreach_*_`` op that writes its ``self`` list and returns nothing, with a
+    non-random rule for it or its functional variant."""
+    if not write_checks.foreach_write(func) or func in tracer._SPECIAL:
+        return False
+    names, fresh, functional = tracer.mutation_info(func)
+    if names != ("self",) or fresh:
+        return False
+    rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
+    return rule is not None and not rule.random
+
+
+_tensor.bind_plans(handler, DONE)

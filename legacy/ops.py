@@ -45,6 +45,11 @@ def dispatch(func, args, kwargs):
         if handler is not None:
             return handler(func, args, kwargs)
         if func._schema.is_mutable:
+            if (write_checks.foreach_write(func)
+                    and write_checks.foreach_crosses(args, kwargs, STORAGES)):
+                for a, k in write_checks.foreach_one_by_one(args, kwargs):
+                    dispatch(func, a, k)
+                return None
             check_overlapping_write(func, args, kwargs)
             if func is aten.index_put_.default and _accumulates_into_overlap(args, kwargs):
                 return index_put_accumulate_overlapping(args, kwargs)

@@ -72,7 +72,7 @@ class LegacyTensor(LazyTensor):
         else:
             out = planned(func, args, kwargs)
         if out is not None:
-            return out
+            return None if out is _fast_done else out
         if len(types) > 1:
             tracer.check_paths(types, func)
         return _ops.dispatch(func, args, kwargs or {})
@@ -147,6 +147,7 @@ def legacy_tensors() -> list:
 
 _ops = None       # legacy.ops and legacy.fast.handler, set when those modules are imported
 _plans = None
+_fast_done = None  # what a plan returns for an op that returns nothing (fast.DONE)
 
 
 def bind_ops(module) -> None:
@@ -154,8 +155,9 @@ def bind_ops(module) -> None:
     _ops = module
 
 
-def bind_plans(handler) -> None:
-    """``handler(func)``: the path's plan handler for an op (``fast.view``/``fast.write``) or
-    None (the tracer's own plans may replay it)."""
-    global _plans
-    _plans = handler
+def bind_plans(handler, done) -> None:
+    """``handler(func)``: the path's plan handler for an op (``fast.view``/``fast.write``/
+    ``fast.write_many``) or None (the tracer's own plans may replay it); a handler returns
+    ``done`` for an op it ran that returns nothing."""
+    global _plans, _fast_done
+    _plans, _fast_done = handler, done

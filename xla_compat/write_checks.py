@@ -363,3 +363,61 @@ def _index_put_dtypes(func, bound):
             f"{name(self.dtype)} for the destination and {name(values.dtype)} for the source.\n"
             f"  (xla_compat: raised by {func} with inputs "
             f"{tracer.describe(list(bound.values()))})")
+
+
+# -- in-place foreach ops: eager writes tensor by tensor ----------------------------------------------
+# On CPU every ``_foreach_*_`` op runs its single-tensor op for each list position in turn, so
+# where a written tensor shares memory with a tensor at another position (``[a, a]``,
+# ``[b, b[:3]]``, a lone Tensor operand of one written storage) later positions see earlier
+# writes. A path traces such a call position by position (``foreach_one_by_one``); any other call
+# stays one op (position-wise it cannot tell the difference).
+
+_FOREACH_WRITES: dict = {}
+
+
+def foreach_write(func) -> bool:
+    """Is ``func`` an in-place foreach op (writes its ``self`` list, returns nothing)? Cached."""
+    hit = _FOREACH_WRITES.get(func)
+    if hit is None:
+        schema = func._schema
+        first = schema.arguments[0] if schema.arguments else None
+        hit = _FOREACH_WRITES[func] = bool(
+            schema.name.startswith("aten::_foreach_") and not schema.returns
+            and first is not None and first.name == "self" and first.alias_info is not None
+            and first.alias_info.is_write)
+    return hit
+
+
+def foreach_crosses(args, kwargs, storages: Storages) -> bool:
+    """Does a written tensor of an in-place foreach call share its storage with a tensor at
+    another list position (or with a lone Tensor operand, when the list has several)?"""
+    written = args[0] if args else None
+    if type(written) not in (list, tuple) or len(written) < 2:
+        return False
+    owns, key = storages.owns, storages.key
+    at: dict = {}
+    for i, t in enumerate(written):
+        if owns(t) and at.setdefault(key(t), i) != i:
+            return True
+    for x in (*args[1:], *kwargs.values()):
+        if isinstance(x, torch.Tensor):
+            if owns(x) and key(x) in at:
+                return True
+        elif type(x) in (list, tuple):
+            for j, t in enumerate(x):
+                if isinstance(t, torch.Tensor) and owns(t):
+                    i = at.get(key(t))
+                    if i is not None and i != j:
+                        return True
+    return False
+
+
+def foreach_one_by_one(args, kwargs):
+    """(args, kwargs) of the call at each list position in turn: every list of the call's
+    length cut to its one element there, everything else as it is."""
+    n = len(args[0])
+
+    def pick(x, i):
+        return [x[i]] if type(x) in (list, tuple) and len(x) == n else x
+    for i in range(n):
+        yield [pick(x, i) for x in args], {k: pick(v, i) for k, v in kwargs.items()}

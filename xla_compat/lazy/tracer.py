@@ -803,9 +803,19 @@ _new_tuple = tuple.__new__
 
 def plan_node(plan, args, depth: int = 1) -> Node:
     """The node a plan (op, rule, argument and keyword templates, ``kinds`` of the arguments and
-    ``tensors_at`` of them, avals, interned signature) builds on ``args`` (``call_values``' order): their values where
-    it takes tensors, new lifted numbers where it takes numbers. Called with the tracer lock
-    held; ``depth`` as for ``traced_node``."""
+    ``tensors_at`` of them, avals, interned signature) builds on ``args`` (``call_values``'
+    order): their values where it takes tensors, new lifted numbers where it takes numbers.
+    Called with the tracer lock held; ``depth`` as for ``traced_node``."""
+    at = plan.tensors_at
+    if at is not None:                   # tensors only: no kind to look at
+        inputs = []
+        for i in at:
+            v = args[i]._value
+            if type(v.node) is _POISONED:
+                raise v.node.error
+            inputs.append(v)
+        return traced_node(plan.op, plan.rule, plan.args, tuple(inputs), plan.avals, plan.sig,
+                           depth + 1, plan.kwargs)
     inputs = []
     for kind, x in zip(plan.kinds, args):
         if kind == _TENSOR:
