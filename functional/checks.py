@@ -388,34 +388,25 @@ def _foreach_writes(has) -> list:
 
 
 def _foreach_kernel(op):
-    """``op``'s Functionalize kernel (an in-place foreach op): upstream's, position by position
-    where a written tensor shares memory with another position's (eager's CPU order,
-    ``write_checks.foreach_crosses``; upstream's runs the functional op on all positions at
-    once). Cost: one storage lookup per tensor (~0.1 us)."""
+    """``op``'s Functionalize kernel (an in-place foreach op): eager's error where an operand
+    partially overlaps the tensor written at its position (``_foreach_add_([c[1:]], [c[:-1]])``),
+    then upstream's kernel, position by position where a written tensor shares memory with
+    another position's (eager's CPU order, ``write_checks.foreach_sharing``; upstream's runs the
+    functional op on all positions at once). Cost: one storage lookup per tensor (~0.1 us)."""
     upstream = torch.library.get_kernel(op, "Functionalize")
 
     def kernel(keyset, self, *args, **kwargs):
         call = (self, *args)
-        _foreach_partial_overlaps(op, call, kwargs)
-        if not write_checks.foreach_crosses(call, kwargs, STORAGES):
+        crosses, pairs = write_checks.foreach_sharing(call, kwargs, STORAGES)
+        for t, o in pairs:            # upstream checks overlap on the inner tensors
+            direct.raise_on_partial_overlap(op, t, o)
+        if not crosses:
             return upstream.call_boxed(keyset, self, *args, **kwargs)
         for a, k in write_checks.foreach_one_by_one(call, kwargs):
             upstream.call_boxed(keyset, *a, **k)
         return None
     kernel.__name__ = f"one_by_one_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return kernel
-
-
-def _foreach_partial_overlaps(op, call, kwargs) -> None:
-    """Eager's error where an operand at some list position partially overlaps the tensor
-    written there (``_foreach_add_([c[1:]], [c[:-1]])``; upstream checks the inner tensors)."""
-    written = call[0]
-    n = len(written)
-    for x in (*call[1:], *kwargs.values()):
-        if type(x) in (list, tuple) and len(x) == n:
-            for t, o in zip(written, x):
-                if o is not t and direct.shares_storage(t, o):
-                    direct.raise_on_partial_overlap(op, t, o)
 
 
 _lib = None

@@ -111,13 +111,18 @@ def propagate_alias_id(w: torch.Tensor, inner_t: LazyTensor) -> int:
     return aid
 
 
+# (``torch._sync`` is a Python function around the first, for torch.compile's FunctionalTensor,
+# which a wrapper of ours never is: a frame and an import fewer per wrapper and sync)
+_sync, _from = torch._functionalize_sync, torch._from_functional_tensor
+
+
 def sync_wrapper(w: torch.Tensor) -> LazyTensor:
     """Apply pending alias updates to ``w`` and return its (current) inner tensor.
 
     A wrapper seen here is tracked from now on (parameters made by ``nn.Parameter(wrapper)`` are
     new wrapper objects the factories never saw)."""
-    torch._sync(w)
-    inner_t = torch._from_functional_tensor(w)
+    _sync(w)
+    inner_t = _from(w)
     if id(w) not in _wrappers:
         track(w)
     propagate_alias_id(w, inner_t)

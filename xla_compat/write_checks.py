@@ -388,28 +388,45 @@ def foreach_write(func) -> bool:
     return hit
 
 
-def foreach_crosses(args, kwargs, storages: Storages) -> bool:
-    """Does a written tensor of an in-place foreach call share its storage with a tensor at
-    another list position (or with a lone Tensor operand, when the list has several)?"""
+def foreach_sharing(args, kwargs, storages: Storages) -> tuple[bool, list]:
+    """(does a written tensor of an in-place foreach call share its storage with a tensor at
+    another list position, or with a lone Tensor operand when the list has several; the
+    (written, operand) pairs of one position that share a storage, the operand not being the
+    written tensor itself). One storage lookup per tensor."""
     written = args[0] if args else None
-    if type(written) not in (list, tuple) or len(written) < 2:
-        return False
+    if type(written) not in (list, tuple) or not written:
+        return False, []
     owns, key = storages.owns, storages.key
+    n = len(written)
     at: dict = {}
+    crosses = False
     for i, t in enumerate(written):
         if owns(t) and at.setdefault(key(t), i) != i:
-            return True
+            crosses = True
+    pairs = []
     for x in (*args[1:], *kwargs.values()):
         if isinstance(x, torch.Tensor):
-            if owns(x) and key(x) in at:
-                return True
+            if n > 1 and owns(x) and key(x) in at:
+                crosses = True
         elif type(x) in (list, tuple):
             for j, t in enumerate(x):
                 if isinstance(t, torch.Tensor) and owns(t):
                     i = at.get(key(t))
-                    if i is not None and i != j:
-                        return True
-    return False
+                    if i is None:
+                        continue
+                    if i != j:
+                        crosses = True
+                    elif t is not written[j]:
+                        pairs.append((written[j], t))
+    return crosses, pairs
+
+
+def foreach_crosses(args, kwargs, storages: Storages) -> bool:
+    """``foreach_sharing``'s first answer."""
+    written = args[0] if args else None
+    if type(written) not in (list, tuple) or len(written) < 2:
+        return False
+    return foreach_sharing(args, kwargs, storages)[0]
 
 
 def foreach_one_by_one(args, kwargs):
