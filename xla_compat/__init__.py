@@ -46,9 +46,12 @@ def sync(tensors=None, wait: bool = False) -> None:
     """Cut the pending graph, compile it (cached) and run it: torch_xla's ``mark_step``."""
     for hook in _sync_hooks:
         tensors = hook.before(tensors)
-    _paths.before_sync(tensors)
-    inner = _paths.inner_tensors(tensors) if tensors is not None else None
-    _executor.sync_tensors(inner, mark_step=tensors is None)
+    if tensors is None and _executor.quiet():      # nothing made since the last full sync
+        metrics.inc("MarkStep")
+    else:
+        _paths.before_sync(tensors)
+        inner = _paths.inner_tensors(tensors) if tensors is not None else None
+        _executor.sync_tensors(inner, mark_step=tensors is None)
     if wait:
         _executor.wait_device_ops()
     for hook in _sync_hooks:

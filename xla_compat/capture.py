@@ -43,7 +43,7 @@ import jax
 import torch
 
 from . import executor, metrics, paths
-from .lazy import ir, rng
+from .lazy import rng
 from .lazy.ir import DeviceData, Node, ScalarParam, Slot, Value
 
 REPLAY_OP = "xla_compat.replay"
@@ -576,19 +576,17 @@ class CapturedStep:
         self.reason: Optional[str] = None
         self.stats = {"replays": 0, "recorded": 0, "traced": 0, "guard_failures": 0}
         self._lock = threading.RLock()
-        self._quiet_since = -2     # an IR node id taken right after this step's last sync
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
         with self._lock:   # not the tracing lock: backward traces on autograd's device thread
-            if next(ir._ids) != self._quiet_since + 1:   # IR was built since our last sync
+            if not executor.quiet():      # IR was built since the last full sync
                 executor.sync_all()
             slots, sig = state_of(self.fn, args, kwargs, self.state)
             rec = self.recordings.get(sig)
             if rec is not None:
                 try:
                     out = _replay(rec, slots)
-                    self._quiet_since = next(ir._ids)
                     self._last_sig = sig
                     self.recordings.move_to_end(sig)
                     self.stats["replays"] += 1

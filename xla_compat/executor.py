@@ -463,10 +463,43 @@ def _held_leaf_ids(exclude: set) -> set:
     return held
 
 
+# A full sync that leaves nothing pending takes an IR id right after it (``_quiet_at``); while no
+# node has been made since (the next id follows it), nothing can be pending: every op, write,
+# draw and transfer makes a node. ``quiet()`` answers that in one id, so ``xc.sync()`` after a
+# replayed step (or twice in a row) does not walk every live tensor, alias and wrapper again.
+_quiet_at = -2
+
+
+def quiet() -> bool:
+    """Has no IR node been made since the last full sync finished (and no tensor has a layout
+    over a mesh, which a sync applies)? Then a full sync has nothing to do."""
+    global _quiet_at
+    with lock:
+        n = next(ir._ids)
+        if n != _quiet_at + 1 or sharding.any_marked():
+            return False
+        _quiet_at = n
+        return True
+
+
+def touch() -> None:
+    """Something is pending that made no IR node (a legacy write of an existing value through
+    a view): the next full sync must run."""
+    global _quiet_at
+    _quiet_at = -2
+
+
+def _mark_quiet() -> None:
+    global _quiet_at
+    _quiet_at = next(ir._ids)
+
+
 def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
     """Materialise ``tensors`` (all live tensors with pending IR when None)."""
+    global _quiet_at
     autograd_thread.claim()
     with lock:
+        _quiet_at = -2
         sharding.apply_all()     # marked tensors' current values take their layout
         full = tensors is None
         if full:
@@ -487,6 +520,8 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
         if mark_step:
             metrics.inc("MarkStep")
         if not roots:
+            if full:
+                _mark_quiet()
             return
         # A drawn key is materialised by every sync that runs a graph, a partial one (``.cpu()``,
         # ``.item()``) included: left pending, the next graph would take the whole chain of
@@ -521,6 +556,8 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
             rng.set_materialized(rng_state, mapping[rng_state])
         for fn in _rebinders:
             fn(mapping)
+        if full:
+            _mark_quiet()
 
 
 _predecessor_fns: list = []
