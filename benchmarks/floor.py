@@ -66,7 +66,10 @@ def aten_ops_per_step(workload) -> int:
 def python_dispatches_per_step(workload, path: str) -> int:
     """``__torch_dispatch__`` calls one lazily traced step of ``workload`` makes on ``path``
     (after a warm-up step): the ops that cross into Python. Functionalization dispatches more
-    than eager's ATen ops (it regenerates views and writes them back), legacy about as many."""
+    than eager's ATen ops (it regenerates views and writes them back), legacy about as many.
+    Counted on the calling thread (``sys.setprofile``), where backward runs too since session
+    13 (``xla_compat.autograd_thread``); before, its ops ran on autograd's worker thread and
+    the W2/W3 counts left them out."""
     import xla_compat as xc
     from benchmarks.measure import _wait_lazy
     calls = [0]
