@@ -203,8 +203,7 @@ def _kinds(func, dst, args, kwargs, before):
     or None where that node is not the plain out-of-place op on ``args`` and ``kwargs``."""
     v = dst._v
     node = v.node
-    names, fresh, functional = tracer.mutation_info(func)
-    rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
+    rule = _rule_of(func)
     if (v.index != 0 or node.rule is None or node.rule is not rule or rule.random
             or len(node.avals) != 1 or len(node.args) != len(args)
             or tuple(n for n, _ in node.kwargs) != tuple(sorted(kwargs))
@@ -213,19 +212,17 @@ def _kinds(func, dst, args, kwargs, before):
     kinds = []
     templates = (*node.args, *(t for _, t in node.kwargs))
     for x, t, b in zip(tracer.call_values(args, kwargs), templates, before):
-        if type(t) is Slot:
-            got = node.inputs[t.k]
-            if b is not None and got is b:
-                kinds.append(_TENSOR)
-            elif type(x) in _NUMBER and type(got.node) is ScalarParam and got.node.value == x:
-                kinds.append(_SCALAR)
-            else:
-                return None
-        elif isinstance(t, torch.Tensor) or _holds_slot(t) or t != x:
+        kind = _arg_kind(node, x, t, b)
+        if kind is None or kind == _TENSORS or kind == _SCALARS:   # (lists: write_many's)
             return None
-        else:
-            kinds.append(0)
+        kinds.append(kind)
     return tuple(kinds)
+
+
+def _rule_of(func):
+    """The lowering rule of in-place ``func``: its own, else its functional variant's."""
+    functional = tracer.mutation_info(func)[2]
+    return registry.lookup(func) or (registry.lookup(functional) if functional else None)
 
 
 def _holds_slot(t) -> bool:
@@ -285,11 +282,9 @@ def write_many(func, args, kwargs=None):
     with lock:
         node = tracer.plan_node(plan, tracer.call_values(args, kwargs))
         for i, t in enumerate(dsts):
-            t._value = _new_tuple(Value, (node, i))     # records the write on its storage
+            t._value = tracer._value_of(node, i)     # records the write on its storage
     return DONE
 
-
-_new_tuple = tuple.__new__
 
 
 def _first_many(key, func, dsts, args, kwargs):
@@ -319,9 +314,8 @@ def _many_plan(func, dsts, values, kwargs, before):
     for i, t in enumerate(dsts):
         if t._v.node is not node or t._v.index != i or t._gen != t._alias.gen:
             return None
-    names, fresh, functional = tracer.mutation_info(func)
-    rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
-    if (names != ("self",) or fresh or node.rule is None or node.rule is not rule or rule.random
+    rule = _rule_of(func)     # (write_many's ops write self alone: _foreach_in_place)
+    if (node.rule is None or node.rule is not rule or rule.random
             or len(node.avals) != len(dsts) or len(node.args) + len(node.kwargs) != len(values)
             or tuple(n for n, _ in node.kwargs) != tuple(sorted(kwargs))):
         return None
@@ -331,7 +325,7 @@ def _many_plan(func, dsts, values, kwargs, before):
     kinds, slots = [], []
     templates = (*node.args, *(t for _, t in node.kwargs))
     for x, t, b in zip(values, templates, before):
-        kind = _many_kind(node, x, t, b)
+        kind = _arg_kind(node, x, t, b)
         if kind is None:
             return None
         kinds.append(kind)
@@ -343,9 +337,10 @@ def _many_plan(func, dsts, values, kwargs, before):
     return _WritePlan(node, tuple(kinds))
 
 
-def _many_kind(node, x, t, b):
-    """One argument's plan kind (``plan_node``'s), or None where the node does not hold it as
-    the plain call would: a tensor (list) as its current value(s), a number (list) lifted."""
+def _arg_kind(node, x, t, b):
+    """One argument's plan kind (``plan_node``'s) for a write plan (``b``: the argument's value(s)
+    before the write, None for a non-tensor), or None where the node does not hold it as the
+    plain call would: a tensor (list) as its current value(s), a number (list) lifted."""
     if type(t) is Slot:
         got = node.inputs[t.k]
         if b is not None and type(b) is not tuple:
@@ -393,13 +388,13 @@ def _classify(func):
     if (not schema.is_mutable or func in ops.RESTRIDES or func in tracer._SPECIAL
             or func is aten.index_put_.default or len(schema.returns) != 1):
         return None
-    names, fresh, functional = tracer.mutation_info(func)
+    names, fresh, _ = tracer.mutation_info(func)
     if names != ("self",) or fresh or schema.arguments[0].name != "self":
         return None
     r = schema.returns[0]
     if r.alias_info is None or not r.alias_info.is_write:
         return None
-    rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
+    rule = _rule_of(func)
     return write if rule is not None and not rule.random else None
 
 
@@ -408,10 +403,10 @@ def _foreach_in_place(func) -> bool:
     non-random rule for it or its functional variant."""
     if not write_checks.foreach_write(func) or func in tracer._SPECIAL:
         return False
-    names, fresh, functional = tracer.mutation_info(func)
+    names, fresh, _ = tracer.mutation_info(func)
     if names != ("self",) or fresh:
         return False
-    rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
+    rule = _rule_of(func)
     return rule is not None and not rule.random
 
 
