@@ -8,12 +8,15 @@ import pytest
 import torch
 
 import xla_compat as xc
-from xla_compat import paths
+from xla_compat import executor, paths
 from xla_compat.lazy import tracer
 
 # Every test also checks that no device tensor's metadata changed behind the trace plans' back
 # (a stale cached geometry raises instead of replaying a wrong plan).
 tracer.CHECK_GEOMETRY = True
+# ... and that every graph output is the shape, dtype and placement its value said (a sync makes
+# the output's leaf from the value's word: ir.output_leaf).
+executor.CHECK_OUTPUTS = True
 
 # The two paths users migrate between. A path package registers itself when imported.
 # XLA_COMPAT_TEST_PATHS=core,... narrows the set while developing.

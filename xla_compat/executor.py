@@ -543,8 +543,15 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
             _rollback(pending, e, None if full else roots)
             raise
         mapping: dict = {}
-        for v, arr in zip(graph.roots, outputs):
-            mapping[v] = ir.leaf(arr)
+        if graph.mesh is None:
+            make = ir.output_leaf
+            for v, arr in zip(graph.roots, outputs):
+                mapping[v] = make(arr, v.aval)
+            if CHECK_OUTPUTS:
+                _check_output_leaves(graph, outputs)
+        else:
+            for v, arr in zip(graph.roots, outputs):
+                mapping[v] = ir.leaf(arr)
         for runs in _recorders:
             runs.append((graph, compiled, mapping))
         for t in live_tensors():
@@ -558,6 +565,20 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
             fn(mapping)
         if full:
             _mark_quiet()
+
+
+# With CHECK_OUTPUTS (on in the test suite) every sync compares each output array's shape,
+# dtype and placement with what its value said (``ir.output_leaf`` takes the value's word).
+CHECK_OUTPUTS = False
+
+
+def _check_output_leaves(graph: Graph, outputs) -> None:
+    for v, arr in zip(graph.roots, outputs):
+        said, got = v.aval, ir.DeviceData(arr)
+        if got.avals[0] != said or got.placement is not None:
+            raise AssertionError(
+                f"xla_compat: output {graph.slot.get(v.node)} of a graph ({v.node.op}) is "
+                f"{got.avals[0]} on {got.placement}, its value said {said} on one device")
 
 
 _predecessor_fns: list = []
@@ -772,7 +793,7 @@ _dispatched: list = []
 
 
 def _note_dispatched(outputs) -> None:
-    _dispatched.extend(weakref.ref(o) for o in outputs)
+    _dispatched.extend(map(weakref.ref, outputs))
     if len(_dispatched) > 4096:
         _dispatched[:] = [r for r in _dispatched if r() is not None]
 

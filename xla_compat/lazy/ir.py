@@ -217,6 +217,33 @@ def leaf(array) -> Value:
     return Value(DeviceData(array), 0)
 
 
+def output_leaf(array, aval: Aval) -> Value:
+    """``leaf(array)`` for an output of a one-device executable whose value had ``aval``: what
+    ``DeviceData`` would read off the array (shape, dtype, placement: three jax properties) is
+    known, and so is its interned signature. A sync makes one per output."""
+    node = _new_node(DeviceData)
+    node.id = next(_ids)
+    node.op = "device_data"
+    node.rule = None
+    node.args = node.kwargs = node.inputs = ()
+    node.avals = avals = (aval,)
+    node.source = node.note = None
+    s = _DATA_SIGS.get(avals)
+    if s is None:
+        s = _DATA_SIGS[avals] = sig_id(("device_data", avals, None))
+    node.sig = s
+    node.array = array
+    node.placement = None
+    if on_create is not None:
+        on_create(node)
+    return _new_value(Value, (node, 0))
+
+
+_new_node = object.__new__
+_new_value = tuple.__new__
+_DATA_SIGS: dict = {}
+
+
 # Source lines: skip frames inside torch and xla_compat to find the user's line.
 _SKIP = (
     os.path.dirname(__import__("torch").__file__) + os.sep,
