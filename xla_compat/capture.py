@@ -438,14 +438,18 @@ def _record(fn, args, kwargs, extra, slots):
 
 # What a replay pays for numbers it passes rather than has compiled in. They travel packed
 # (packed_numbers.Packed): a replay passes the same numbers as the last call, which reuses that
-# call's device vectors after comparing each number. Measured on W1's recorded step (30
-# numbers): 20-40 us per replay in all; packing a number costs ~0.06 us. The recorded step's
-# numbers are compiled in when that saves its compile time within BAKE_HORIZON replays: a short
-# elementwise step, yes; a training step that compiles for seconds, no (W3's legacy step has
-# 183 numbers: compiling them in took a second 3.9 s compile for ~0.05 ms per replay).
-PACKED_CALL_NS = 25_000
-PER_NUMBER_NS = 100
-BAKE_HORIZON = 10_000
+# call's vectors after comparing each number, and the program takes each number out of its
+# vector. Measured on W1's recorded step (15 numbers), call + wait, alternating: passed 142 us,
+# compiled in 120 us (the JAX twin, literals in its code: 119 us). The recorded step's numbers
+# are compiled in when that saves its compile time within BAKE_HORIZON replays, a fraction of
+# the steps a captured training job replays: a short elementwise step, yes (W1 compiles in
+# ~0.27 s, which a horizon of 10,000 replays put right at the line, so W1's replays took one
+# executable or the other from run to run); a training step that compiles for seconds, no
+# (W3's legacy step has 183 numbers: compiling them in took a second 3.9 s compile for
+# ~0.05 ms per replay).
+PACKED_CALL_NS = 20_000
+PER_NUMBER_NS = 150
+BAKE_HORIZON = 25_000
 
 
 def bake_pays(n_numbers: int, compile_ns: Optional[int]) -> bool:
