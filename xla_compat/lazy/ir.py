@@ -220,7 +220,8 @@ def leaf(array) -> Value:
 def output_leaf(array, aval: Aval) -> Value:
     """``leaf(array)`` for an output of a one-device executable whose value had ``aval``: what
     ``DeviceData`` would read off the array (shape, dtype, placement: three jax properties) is
-    known, and so is its interned signature. A sync makes one per output."""
+    known (the lowering casts every node's output to its aval: ``executor._check_outputs``), and
+    so is its interned signature. A sync makes one per output."""
     node = _new_node(DeviceData)
     node.id = next(_ids)
     node.op = "device_data"
