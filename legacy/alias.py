@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from xla_compat import metrics, sharding
-from xla_compat.executor import touch as _touch
+from xla_compat.executor import touch as _touch, touch_for as _touch_for
 from xla_compat.lazy.ir import Aval, DeviceData, Node, Poisoned, Slot, Value
 from xla_compat.lazy.weakreg import WeakRegistry
 
@@ -151,7 +151,10 @@ class Alias:
                 self.base = earlier       # the base's newest write is overwritten whole
             self.pending.append((chain, value))
         self.gen += 1
-        _touch()          # (the value may be an existing one: no new node says it is pending)
+        if chain or self.pending:
+            _touch()      # (the value may be an existing one: no new node says it is pending)
+        else:
+            _touch_for(value)     # the whole storage: pending only if the value itself is
         return self.gen
 
     def values(self):

@@ -407,3 +407,113 @@ def test_a_replay_frees_the_gradients_it_replaces_and_compiles_nothing_new(path,
     for p, q in zip(model.parameters(), cpu_model.parameters()):
         assert_same(p, q, rtol=1e-4, atol=1e-5)
         assert_same(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# A replay runs its recorded executable directly (executor.run_recorded), not through a full sync.
+
+def _direct_runs() -> int:
+    return met.counter_value("StepCaptureDirectRun") or 0
+
+
+def test_a_replay_runs_directly_donates_and_leaves_the_executor_quiet(path, dev):
+    """Each replay of a training step (SGD with momentum: parameters, gradients and momentum
+    buffers rewritten) runs its executable directly, donates every step, compiles nothing new,
+    leaves nothing pending (a following ``xc.sync()`` has nothing to do) and computes what CPU
+    eager computes, step by step."""
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1, momentum=0.9)
+    step = xc.compile(_eager_step)
+    for i, (x, y) in enumerate(_batches(6)):
+        if i == 2:
+            direct, donated = _direct_runs(), met.counter_value("InputOutputAliasCount")
+            compiles = met.counter_value("UncachedCompile")
+        got = step(model, opt, x.to(dev), y.to(dev))
+        assert_same(got, _eager_step(cpu_model, cpu_opt, x, y), rtol=1e-4, atol=1e-5)
+        if i >= 2:
+            assert executor.quiet()               # nothing left pending by the replay
+    assert step.stats["replays"] >= 4
+    assert _direct_runs() - direct == 4
+    assert met.counter_value("InputOutputAliasCount") - donated >= 4 * 3
+    assert met.counter_value("UncachedCompile") == compiles
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p, q, rtol=1e-4, atol=1e-5)
+        assert_same(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        assert_same(opt.state[p]["momentum_buffer"], cpu_opt.state[q]["momentum_buffer"],
+                    rtol=1e-4, atol=1e-5)
+
+
+def test_a_replay_does_not_donate_a_buffer_another_tensor_still_holds(path, dev):
+    """A tensor of the other path made from a parameter (``xc.to_path``) holds the same device
+    buffer: the replay that rewrites the parameter must not hand that buffer to XLA. It falls
+    back to the general sync (which compiles a variant that keeps it), and the other tensor
+    keeps its values."""
+    other_path = "functional" if path == "legacy" else "legacy"
+    w_cpu = torch.randn(4, 4)
+    state = {"w": w_cpu.clone().to(dev)}
+
+    @xc.compile
+    def step(state):
+        state["w"].mul_(0.5).add_(1.0)
+
+    want = w_cpu.clone()
+    for _ in range(3):
+        step(state)
+        want = want * 0.5 + 1.0
+    assert_same(state["w"], want)
+    held = xc.to_path(state["w"], other_path)       # shares the parameter's device buffer
+    direct = _direct_runs()
+    for _ in range(2):
+        step(state)
+        want = want * 0.5 + 1.0
+    assert _direct_runs() == direct + 1   # the first replay fell back, the second owned its buffer
+    assert_same(state["w"], want)
+    assert_same(held, _before(w_cpu, 3))
+
+
+def _before(w_cpu, steps):
+    want = w_cpu.clone()
+    for _ in range(steps):
+        want = want * 0.5 + 1.0
+    return want
+
+
+def test_a_replay_that_fails_to_run_leaves_the_state_as_it_was(path, dev, monkeypatch):
+    """The recorded executable raising (out of memory, a device fault) surfaces as an error that
+    names the replayed step; state written in place keeps the value it had before the call, a
+    tensor the step makes anew reads as that error (the step had replaced it before running),
+    and the next call runs again."""
+    w_cpu = torch.randn(4, 4)
+
+    class State:
+        def __init__(self):
+            self.w, self.out = w_cpu.clone().to(dev), None
+
+        def step(self):
+            self.w.mul_(0.5).add_(1.0)
+            self.out = self.w.sum(0)           # a new tensor each call: a rebind
+
+    state = State()
+    step = xc.compile(state.step)
+    for _ in range(3):
+        step()
+    want = _before(w_cpu, 3)
+    assert_same(state.w, want)
+    assert step.stats["replays"] >= 1
+    rec = list(step.recordings.values())[-1]       # the one replays use (the latest)
+    real = rec.rule.compiled
+
+    def broken(*args):
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory (planted)")
+    monkeypatch.setattr(rec.rule, "compiled", broken)
+    with pytest.raises(executor.GraphError, match="replayed step.*out of memory"):
+        step()
+    assert_same(state.w, want)
+    with pytest.raises(RuntimeError, match="(?s)sync failed.*out of memory"):
+        state.out.cpu()
+    monkeypatch.setattr(rec.rule, "compiled", real)
+    step()
+    assert_same(state.w, want * 0.5 + 1.0)
+    assert_same(state.out, (want * 0.5 + 1.0).sum(0))

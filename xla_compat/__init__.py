@@ -37,8 +37,8 @@ def device(index: int = 0):
     return dev
 
 
-# Objects with ``before(tensors) -> tensors`` and ``after(tensors)``: dual-run lockstep syncs
-# pair tensors as their twins and compares them after each sync.
+# Objects with ``before(tensors) -> tensors``, ``after(tensors)`` and ``engaged() -> bool``:
+# dual-run lockstep syncs pair tensors as their twins and compares them after each sync.
 _sync_hooks: list = []
 
 

@@ -506,12 +506,16 @@ def _replay(rec: Recording, slots: list):
     # (a tensor a rebind or a clear drops, last step's gradient, is freed here, before the
     # executable allocates its outputs: an A/B that kept them until after the dispatch measured
     # no gain, the execution running mostly inside the call, and the allocator loses the reuse)
+    written = []
     for k, address, how, (shape, dtype, stride) in rec.writes:
         slot = by_address[address]
         if how == "inplace":
-            impl.assign(slot.get(), Value(node, k))
+            t = slot.get()
+            impl.assign(t, Value(node, k))
         else:
-            slot.put(impl.wrap(impl.tensor_cls(Value(node, k), shape, dtype, stride)))
+            t = impl.wrap(impl.tensor_cls(Value(node, k), shape, dtype, stride))
+            slot.put(t)
+        written.append(t)
     for address in rec.clears:
         by_address[address].put(None)
     if rec.rng_out is not None:
@@ -532,8 +536,24 @@ def _replay(rec: Recording, slots: list):
         return m
 
     result = unmark(rec.result)
-    executor.sync_all()
+    if _sync_hooks():
+        executor.sync_all()
+        return result
+    # The written tensors' paths settle them as a sync would (functional: the storage lets go of
+    # the value it held before, so that buffer can be donated), then the node runs directly.
+    paths.before_sync(written)
+    if not executor.run_recorded(node, rec.rule.compiled, rec.rule.donate):
+        executor.sync_all()
+    else:
+        metrics.inc("StepCaptureDirectRun")
     return result
+
+
+def _sync_hooks() -> bool:
+    """Is a sync hook of ``xla_compat`` engaged (dual-run lockstep)? A replay then syncs as
+    ``xc.sync()`` does, through it."""
+    from . import _sync_hooks as hooks
+    return any(h.engaged() for h in hooks)
 
 
 def _slot_leaf(slot) -> Optional[Node]:

@@ -489,6 +489,15 @@ def touch() -> None:
     _quiet_at = -2
 
 
+def touch_for(value: Value) -> None:
+    """A tensor's storage now holds ``value`` and nothing else is pending on it: ``touch()``
+    unless a quiet test already sees it, as device data (nothing to run) or as a node made since
+    the last full sync. A replayed step's whole-tensor writes leave the executor quiet."""
+    node = value.node
+    if type(node) is not DeviceData and node.id <= _quiet_at:
+        touch()
+
+
 def _mark_quiet() -> None:
     global _quiet_at
     _quiet_at = next(ir._ids)
@@ -579,6 +588,85 @@ def _check_output_leaves(graph: Graph, outputs) -> None:
             raise AssertionError(
                 f"xla_compat: output {graph.slot.get(v.node)} of a graph ({v.node.op}) is "
                 f"{got.avals[0]} on {got.placement}, its value said {said} on one device")
+
+
+# ----------------------------------------------------------------------------------------------
+# A replayed step (capture.py): one node whose executable is known, run without a general sync.
+
+def run_recorded(node: Node, compiled, donate: tuple) -> bool:
+    """Run a replay node now with the executable recorded for it and bind its outputs, or
+    return False (having changed nothing) where the general sync must run it instead.
+
+    A replay node's graph is known without collecting it: the node alone, its inputs (device
+    data and numbers) its parameters in order, ``donate`` the positions the recorded graph
+    donated. What a full sync does besides, this skips: the paths' pre-sync walks, the scan for
+    pending tensors and extra roots, the graph walk and its key, the cache lookup, donation
+    order. It still refuses a buffer to donation while anything else holds it (falling back),
+    binds outputs through the same rebinders, rolls back on failure, and counts what a sync
+    counts. Nothing else pending is run: a value made alongside the node (a legacy write
+    through a view of a written tensor) waits for the next sync, which reads the node's outputs
+    as device data. When nothing was made since the last full sync but the node, the executor
+    is quiet afterwards, as after a full sync."""
+    global _quiet_at
+    with lock:
+        if (_recorders or _fault_hooks or ir.on_create is not None or sharding.any_marked()
+                or (donate and not settings.get().donate)):
+            return False
+        leaves = [v.node for v in node.inputs]
+        ids = {id(n) for n in leaves}
+        if len(ids) != len(leaves) or any(
+                type(n) is not DeviceData and not isinstance(n, ScalarParam) for n in leaves):
+            return False
+        if donate:
+            held = _held_leaf_ids(set())
+            if any(type(leaves[i]) is not DeviceData or id(leaves[i]) in held for i in donate):
+                return False
+        alone = _quiet_at == node.id - 1 and next(ir._ids) == node.id + 1
+        params = [n.array if type(n) is DeviceData else n.value for n in leaves]
+        metrics.inc("MarkStep")
+        metrics.inc("CachedCompile")
+        metrics.sample("IrGraphSize", 1, unit=" nodes")
+        _quiet_at = -2
+        start = time.perf_counter_ns()
+        try:
+            outputs = compiled(*params)
+        except BaseException as e:
+            pending = [t for t in live_tensors() if not t._value.node.is_leaf]
+            _rollback(pending, e, [Value(node, k) for k in range(len(node.avals))])
+            if isinstance(e, Exception):
+                raise _node_error(node, e) from e
+            raise
+        metrics.sample("ExecuteTime", time.perf_counter_ns() - start)
+        _note_dispatched(outputs)
+        if donate:
+            metrics.inc("InputOutputAliasCount", len(donate))
+        make = ir.output_leaf
+        mapping = {_new_value(Value, (node, k)): make(arr, aval)
+                   for k, (arr, aval) in enumerate(zip(outputs, node.avals))}
+        for t in live_tensors():
+            new = mapping.get(t._value)
+            if new is not None:
+                t._value = new
+                t._last_data = new
+        drawn = rng.pending()
+        if drawn is not None and drawn.node is node:     # the step drew random numbers
+            rng.set_materialized(drawn, mapping[drawn])
+        for fn in _rebinders:
+            fn(mapping)
+        if alone:
+            _mark_quiet()
+        return True
+
+
+_new_value = tuple.__new__
+
+
+def _node_error(node: Node, e: BaseException) -> "GraphError":
+    return GraphError(
+        f"xla_compat: executing a replayed step ({node.op}, {len(node.inputs)} inputs, "
+        f"{len(node.avals)} outputs) failed: {type(e).__name__}: {e}\n"
+        f"  Every tensor keeps the value it had before this step. A memory error means the step "
+        f"needs less memory (smaller batch, or sync more often to cut the graph).")
 
 
 _predecessor_fns: list = []

@@ -515,6 +515,11 @@ class _SyncHook:
     """Registered with ``xla_compat.sync``: pairs sync as their twins; compare after a sync."""
 
     @staticmethod
+    def engaged() -> bool:
+        """Is lockstep on (the hook stays registered once installed)?"""
+        return _active is not None
+
+    @staticmethod
     def before(tensors):
         if _active is not None and not _inside():
             _active.sync_shadow(tensors)
