@@ -10,8 +10,13 @@ graph read and wrote: which state tensor (an argument, a module's parameter, buf
 an optimizer's state) fed each input and took each output, and which outputs the step returned.
 A later call with the same **signature** skips the Python step entirely: it binds the state's
 current device buffers to the inputs, gives each state tensor a pending output of ONE replay node
-(through its path, so views and alias bookkeeping stay exact), and syncs; the executor runs the
-recorded executable for that node directly.
+(through its path, so views and alias bookkeeping stay exact), and runs the recorded executable
+for that node at once (``executor.run_recorded``: no graph walk, key or cache lookup; counted in
+``StepCaptureDirectRun``). Where that cannot be done as the recording did it (a buffer the step
+donates is still held by another tensor, dual-run lockstep, a mesh layout) it syncs in full
+instead. A replay whose executable fails raises an error naming it: state written in place
+keeps its values; tensors the step makes anew (rebound ``.grad``s, returned values) read as that
+error until the next call.
 
 The signature (the guards) is: the active path; every state tensor's shape, dtype and
 requires_grad, and which state slots exist (``.grad`` set or None, optimizer state present);
