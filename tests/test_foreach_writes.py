@@ -107,3 +107,77 @@ def test_overlapping_writes_raise_eagers_error(path, dev, case):
         with pytest.raises(RuntimeError) as error:
             call(dev)
         assert str(cpu_error.value).splitlines()[0] in str(error.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# Functional: a foreach call like one upstream's kernel accepted skips its meta check.
+
+def _counting_fast_path(monkeypatch):
+    from functional import checks
+    calls = []
+    real = checks._functional_foreach
+
+    def counted(*a, **k):
+        done = real(*a, **k)
+        calls.append(done)
+        return done
+    monkeypatch.setattr(checks, "_functional_foreach", counted)
+    return calls
+
+
+FOREACH_CALLS = {
+    "add_list_alpha": lambda ts, os: torch._foreach_add_(ts, os, alpha=-0.5),
+    "mul_scalar": lambda ts, os: torch._foreach_mul_(ts, 0.9),
+    "addcmul_scalar": lambda ts, os: torch._foreach_addcmul_(ts, os, os, value=0.25),
+    "div_scalarlist": lambda ts, os: torch._foreach_div_(ts, [1.5 + i for i in range(len(ts))]),
+    "lerp_scalar": lambda ts, os: torch._foreach_lerp_(ts, os, 0.3),
+    "sqrt_": lambda ts, os: torch._foreach_sqrt_(ts),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOREACH_CALLS))
+def test_a_repeated_foreach_write_matches_cpu_on_every_call(path, dev, name, monkeypatch):
+    """The same in-place foreach call, five times, on contiguous and transposed tensors (the
+    functional path runs upstream's kernel the first time and its own fast path after): CPU
+    eager's values and strides every time."""
+    fast = _counting_fast_path(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    cpu = [torch.rand(3, 4, generator=g) + 0.5, (torch.rand(4, 2, generator=g) + 0.5).t(),
+           torch.rand(5, generator=g) + 0.5]
+    others = [torch.rand(t.shape, generator=g) + 0.5 for t in cpu]
+    ts = [t.to(dev) if t.is_contiguous() else t.t().contiguous().to(dev).t() for t in cpu]
+    os = [o.to(dev) for o in others]
+    for _ in range(5):
+        FOREACH_CALLS[name](cpu, others)
+        FOREACH_CALLS[name](ts, os)
+        for t, c in zip(ts, cpu):
+            assert t.stride() == c.stride()
+            torch.testing.assert_close(t.cpu(), c, rtol=1e-5, atol=1e-6)
+        xc.sync()
+    if path == "functional":
+        assert fast == [True] * 4          # the first call through upstream's kernel
+
+
+def test_a_foreach_call_unlike_an_accepted_one_still_raises_eagers_error(path, dev, monkeypatch):
+    """An accepted call does not vouch for one whose tensors differ: an int list added a float
+    list raises eager's cast error, a list whose operand broadcasts past the written tensor
+    raises eager's size error, after calls that passed with other dtypes and shapes."""
+    fast = _counting_fast_path(monkeypatch)
+    floats = [torch.ones(2, 3).to(dev), torch.ones(3).to(dev)]
+    for _ in range(2):
+        torch._foreach_add_(floats, [torch.ones(2, 3).to(dev), torch.ones(3).to(dev)])
+    ints = [torch.ones(2, 3, dtype=torch.int64).to(dev), torch.ones(3, dtype=torch.int64).to(dev)]
+    with pytest.raises(RuntimeError) as got:
+        torch._foreach_add_(ints, [torch.ones(2, 3).to(dev), torch.ones(3).to(dev)])
+    with pytest.raises(RuntimeError) as want:
+        torch._foreach_add_([torch.ones(2, 3, dtype=torch.int64), torch.ones(3, dtype=torch.int64)],
+                            [torch.ones(2, 3), torch.ones(3)])
+    assert str(got.value).splitlines()[0] == str(want.value).splitlines()[0]   # eager's words
+    with pytest.raises(RuntimeError):
+        torch._foreach_add_([torch.ones(3)], [torch.ones(2, 3)])          # eager refuses it
+    with pytest.raises(RuntimeError, match="size|shape|broadcast"):
+        torch._foreach_add_([torch.ones(3).to(dev)], [torch.ones(2, 3).to(dev)])
+    assert_same_list = [t.cpu() for t in floats]
+    torch.testing.assert_close(assert_same_list[0], torch.full((2, 3), 3.0))
+    if path == "functional":
+        assert fast == [True]              # the second float call only

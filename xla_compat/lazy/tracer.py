@@ -977,12 +977,19 @@ def eager_cast_error(func, args, kwargs, e: BaseException):
         names, _, functional = mutation_info(func)
         written = _bind(func, args, kwargs).get(names[0]) if names else None
         try:
-            result = run_meta(functional, *_drop_out_args(func, args, kwargs, names)).dtype
+            result = run_meta(functional, *_drop_out_args(func, args, kwargs, names))
         except Exception:   # noqa: BLE001 - no functional variant or meta kernel: keep e
             return None
-        if not isinstance(written, torch.Tensor):
+        if type(written) in (list, tuple) and type(result) in (list, tuple):
+            # a foreach write: the first position whose result the written tensor cannot take
+            for r, w in zip(result, written):
+                if (isinstance(w, torch.Tensor) and isinstance(r, torch.Tensor)
+                        and not torch.can_cast(r.dtype, w.dtype)):
+                    result, written = r, w
+                    break
+        if not isinstance(written, torch.Tensor) or not isinstance(result, torch.Tensor):
             return None
-        written = written.dtype
+        result, written = result.dtype, written.dtype
     return RuntimeError(f"result type {_type_name(result)} can't be cast to the desired output "
                         f"type {_type_name(written)}")
 
