@@ -6,6 +6,12 @@ ops plus ``*_scatter`` write-backs, so the lazy graph underneath has no aliasing
 """
 from __future__ import annotations
 
+if __name__ != "xla_compat.functional":
+    # The repository root on sys.path makes ``functional`` importable by its folder name: that is a
+    # second copy of the path, whose kernels and registries would replace the real ones.
+    raise ImportError(f"import xla_compat.functional, not {__name__} (the same code under a second "
+                      f"name would register the path twice)")
+
 from xla_compat import executor as _executor
 from xla_compat import paths as _paths
 from xla_compat.lazy.ir import skip_frames_in

@@ -6,6 +6,12 @@ sync the alias bases are the graph's roots; afterwards every member re-derives f
 """
 from __future__ import annotations
 
+if __name__ != "xla_compat.legacy":
+    # The repository root on sys.path makes ``legacy`` importable by its folder name: that is a
+    # second copy of the path, whose kernels and registries would replace the real ones.
+    raise ImportError(f"import xla_compat.legacy, not {__name__} (the same code under a second "
+                      f"name would register the path twice)")
+
 import torch
 
 from xla_compat import executor, paths

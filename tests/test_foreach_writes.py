@@ -113,7 +113,7 @@ def test_overlapping_writes_raise_eagers_error(path, dev, case):
 # Functional: a foreach call like one upstream's kernel accepted skips its meta check.
 
 def _counting_fast_path(monkeypatch):
-    from functional import checks
+    from xla_compat.functional import checks
     calls = []
     real = checks._functional_foreach
 

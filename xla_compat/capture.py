@@ -295,6 +295,7 @@ class ReplayRule:
         self.fn = executor.build_function(graph)
         self.compiled = compiled
         self.donate = graph.donate
+        self.mesh = graph.mesh
         self.n_inputs = len(graph.leaves)
         if consts:            # numbers compiled in: the node takes the other inputs
             self.fn, keep = executor.with_constants(self.fn, self.n_inputs, consts)
@@ -547,7 +548,7 @@ def _replay(rec: Recording, slots: list):
     # The written tensors' paths settle them as a sync would (functional: the storage lets go of
     # the value it held before, so that buffer can be donated), then the node runs directly.
     paths.before_sync(written)
-    if not executor.run_recorded(node, rec.rule.compiled, rec.rule.donate):
+    if not executor.run_recorded(node, rec.rule.compiled, rec.rule.donate, rec.rule.mesh):
         executor.sync_all()
     else:
         metrics.inc("StepCaptureDirectRun")

@@ -563,17 +563,23 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
                 mapping[v] = ir.leaf(arr)
         for runs in _recorders:
             runs.append((graph, compiled, mapping))
-        for t in live_tensors():
-            new = mapping.get(t._value)
-            if new is not None:
-                t._value = new
-                t._last_data = new
         if rng_state is not None:
             rng.set_materialized(rng_state, mapping[rng_state])
-        for fn in _rebinders:
-            fn(mapping)
+        _bind(mapping)
         if full:
             _mark_quiet()
+
+
+def _bind(mapping: dict) -> None:
+    """After an execution: every tensor (and, through the rebinders, every path's storage)
+    holding a computed value takes its device data."""
+    for t in live_tensors():
+        new = mapping.get(t._value)
+        if new is not None:
+            t._value = new
+            t._last_data = new
+    for fn in _rebinders:
+        fn(mapping)
 
 
 # With CHECK_OUTPUTS (on in the test suite) every sync compares each output array's shape,
@@ -593,13 +599,14 @@ def _check_output_leaves(graph: Graph, outputs) -> None:
 # ----------------------------------------------------------------------------------------------
 # A replayed step (capture.py): one node whose executable is known, run without a general sync.
 
-def run_recorded(node: Node, compiled, donate: tuple) -> bool:
+def run_recorded(node: Node, compiled, donate: tuple, mesh=None) -> bool:
     """Run a replay node now with the executable recorded for it and bind its outputs, or
     return False (having changed nothing) where the general sync must run it instead.
 
     A replay node's graph is known without collecting it: the node alone, its inputs (device
     data and numbers) its parameters in order, ``donate`` the positions the recorded graph
-    donated. What a full sync does besides, this skips: the paths' pre-sync walks, the scan for
+    donated (``mesh``: the recorded graph's, if any: such a replay syncs in full). What a full
+    sync does besides, this skips: the paths' pre-sync walks, the scan for
     pending tensors and extra roots, the graph walk and its key, the cache lookup, donation
     order. It still refuses a buffer to donation while anything else holds it (falling back),
     binds outputs through the same rebinders, rolls back on failure, and counts what a sync
@@ -609,8 +616,8 @@ def run_recorded(node: Node, compiled, donate: tuple) -> bool:
     is quiet afterwards, as after a full sync."""
     global _quiet_at
     with lock:
-        if (_recorders or _fault_hooks or ir.on_create is not None or sharding.any_marked()
-                or (donate and not settings.get().donate)):
+        if (mesh is not None or _recorders or _fault_hooks or ir.on_create is not None
+                or sharding.any_marked() or (donate and not settings.get().donate)):
             return False
         leaves = [v.node for v in node.inputs]
         ids = {id(n) for n in leaves}
@@ -643,16 +650,10 @@ def run_recorded(node: Node, compiled, donate: tuple) -> bool:
         make = ir.output_leaf
         mapping = {_new_value(Value, (node, k)): make(arr, aval)
                    for k, (arr, aval) in enumerate(zip(outputs, node.avals))}
-        for t in live_tensors():
-            new = mapping.get(t._value)
-            if new is not None:
-                t._value = new
-                t._last_data = new
         drawn = rng.pending()
         if drawn is not None and drawn.node is node:     # the step drew random numbers
             rng.set_materialized(drawn, mapping[drawn])
-        for fn in _rebinders:
-            fn(mapping)
+        _bind(mapping)
         if alone:
             _mark_quiet()
         return True
@@ -665,8 +666,9 @@ def _node_error(node: Node, e: BaseException) -> "GraphError":
     return GraphError(
         f"xla_compat: executing a replayed step ({node.op}, {len(node.inputs)} inputs, "
         f"{len(node.avals)} outputs) failed: {type(e).__name__}: {e}\n"
-        f"  Every tensor keeps the value it had before this step. A memory error means the step "
-        f"needs less memory (smaller batch, or sync more often to cut the graph).")
+        f"  State the step writes in place keeps the value it had before this call; tensors the "
+        f"step makes anew read as this error until the next call. A memory error means the step "
+        f"needs less memory (smaller batch).")
 
 
 _predecessor_fns: list = []
