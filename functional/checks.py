@@ -432,7 +432,9 @@ def _foreach_key(op, call, kwargs):
     """What upstream's meta check of a foreach call depends on: each tensor's shape, strides,
     offset, dtype and whether it is on the CPU (a 0-dim CPU operand is allowed), each number's
     type, and its value too unless the op's floats are free (``tracer.free_floats``: a step size
-    that changes every step keeps one key); None for an argument of another kind."""
+    that changes every step keeps one key); None for an argument of another kind. (A flat
+    loop, not ``tracer.key_parts``' recursion: that costs 15 us against 9 on W2's 12-tensor
+    call, made three times a step.)"""
     parts = [id(op)]
     free = tracer.free_floats(op)
     for x in (*call, *(kwargs[n] for n in sorted(kwargs))):
