@@ -557,7 +557,7 @@ def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
             for v, arr in zip(graph.roots, outputs):
                 mapping[v] = make(arr, v.aval) if v.node.rule is not None else ir.leaf(arr)
             if CHECK_OUTPUTS:
-                _check_output_leaves(graph, outputs)
+                _check_output_leaves(graph.roots, outputs)
         else:
             for v, arr in zip(graph.roots, outputs):
                 mapping[v] = ir.leaf(arr)
@@ -587,13 +587,13 @@ def _bind(mapping: dict) -> None:
 CHECK_OUTPUTS = False
 
 
-def _check_output_leaves(graph: Graph, outputs) -> None:
-    for v, arr in zip(graph.roots, outputs):
+def _check_output_leaves(roots, outputs) -> None:
+    for k, (v, arr) in enumerate(zip(roots, outputs)):
         said, got = v.aval, ir.DeviceData(arr)
         if got.avals[0] != said or got.placement is not None:
             raise AssertionError(
-                f"xla_compat: output {graph.slot.get(v.node)} of a graph ({v.node.op}) is "
-                f"{got.avals[0]} on {got.placement}, its value said {said} on one device")
+                f"xla_compat: output {k} of a graph ({v.node.op}) is {got.avals[0]} on "
+                f"{got.placement}, its value said {said} on one device")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -650,6 +650,8 @@ def run_recorded(node: Node, compiled, donate: tuple, mesh=None) -> bool:
         make = ir.output_leaf
         mapping = {_new_value(Value, (node, k)): make(arr, aval)
                    for k, (arr, aval) in enumerate(zip(outputs, node.avals))}
+        if CHECK_OUTPUTS:
+            _check_output_leaves(list(mapping), outputs)
         drawn = rng.pending()
         if drawn is not None and drawn.node is node:     # the step drew random numbers
             rng.set_materialized(drawn, mapping[drawn])
