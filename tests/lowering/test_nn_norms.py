@@ -107,6 +107,89 @@ def test_layer_norm(norm_shape):
     check(lambda x: F.layer_norm(x, norm_shape), x)
 
 
+
+_B, _F, _H, _D = torch.bfloat16, torch.float32, torch.float16, torch.float64
+
+# The normalisation ops, called as (input [2, 4, 3], weight [4] or None, bias, running_mean,
+# running_var): each as its own name says.
+_NORM_CALLS = {
+    "layer_norm": lambda x, w, b, rm, rv: torch.native_layer_norm(
+        x, [4, 3], None if w is None else w[:, None].expand(4, 3).contiguous(),
+        None if b is None else b[:, None].expand(4, 3).contiguous(), 1e-5),
+    "group_norm": lambda x, w, b, rm, rv: aten.native_group_norm(x, w, b, 2, 4, 3, 2, 1e-5),
+    "native_batch_norm": lambda x, w, b, rm, rv: aten.native_batch_norm(
+        x, w, b, rm, rv, True, 0.1, 1e-5),
+    "batch_norm_functional": lambda x, w, b, rm, rv: aten._native_batch_norm_legit_functional(
+        x, w, b, rm, rv, True, 0.1, 1e-5),
+    "batch_norm_functional_eval": lambda x, w, b, rm, rv:
+        aten._native_batch_norm_legit_functional(x, w, b, rm, rv, False, 0.1, 1e-5),
+    "batch_norm_no_stats": lambda x, w, b, rm, rv: aten._native_batch_norm_legit.no_stats(
+        x, w, b, True, 0.1, 1e-5),
+    "batch_norm_no_training": lambda x, w, b, rm, rv:
+        aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5),
+    "batch_norm_with_update": lambda x, w, b, rm, rv:
+        aten._batch_norm_with_update_functional(x, w, b, rm, rv, 0.1, 1e-5),
+}
+# (input, weight, bias, running stats) dtypes: half inputs with half or float32 parameters
+# (computed, statistics in eager's dtypes), and parameters eager refuses (mixed, or not alike).
+_NORM_DTYPES = [(_B, _B, _B, _B), (_H, _H, None, _H), (_B, _F, _F, _F), (_H, _F, None, _F),
+                (_F, _F, _F, _F), (_F, _B, _B, _B), (_B, _B, _F, _B), (_B, _F, _B, _F),
+                (_H, _B, _B, _B), (_D, _F, _F, _F), (_F, _F, None, _B)]
+
+
+def _norm_args(dtypes):
+    xd, wd, bd, rd = dtypes
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 3, generator=g).to(xd)
+    w = torch.randn(4, generator=g).to(wd) if wd else None
+    b = torch.randn(4, generator=g).to(bd) if bd else None
+    return x, w, b, torch.rand(4, generator=g).to(rd), (torch.rand(4, generator=g) + 0.5).to(rd)
+
+
+@pytest.mark.parametrize("dtypes", _NORM_DTYPES, ids=str)
+@pytest.mark.parametrize("op", list(_NORM_CALLS))
+def test_norm_dtypes_as_eager(path, op, dtypes):
+    """Statistics (mean, rstd, saved and new running stats) in eager's dtypes: the input's, or
+    float32 for a mixed call (half input, float32 parameters), where the meta kernels say
+    float32 for every half input; parameters eager refuses raise its error."""
+    import xla_compat as xc
+    args = _norm_args(dtypes)
+    try:
+        want = _NORM_CALLS[op](*args)
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError) as ours:
+            _NORM_CALLS[op](*[t.to(xc.device()) if t is not None else None for t in args])
+        assert str(ours.value).splitlines()[0] == str(e).splitlines()[0]
+        return
+    got = _NORM_CALLS[op](*[t.to(xc.device()) if t is not None else None for t in args])
+    assert len(got) == len(want)
+    for g, e in zip(got, want):
+        assert (g.dtype, g.shape) == (e.dtype, e.shape)
+        # (half: eager's bfloat16 invstd is one rounding step away from ours in some channels,
+        # which moves an output by a few of its steps where bias and mean cancel)
+        tol = {} if e.dtype in (_F, _D) else {"rtol": 2e-2, "atol": 2e-2}
+        torch.testing.assert_close(g.cpu(), e, **tol)
+
+
+def test_layer_norm_module_trains_in_bfloat16_like_eager(path):
+    """nn.LayerNorm in bfloat16: the saved statistics are bfloat16 in eager, and the backward
+    reads them rounded, so the gradients match only when the device stores them alike."""
+    import xla_compat as xc
+    m = torch.nn.LayerNorm(8).to(torch.bfloat16)
+    with torch.no_grad():
+        m.weight.uniform_()
+        m.bias.uniform_()
+    md = copy.deepcopy(m).to(xc.device())
+    x = torch.randn(6, 8, dtype=torch.bfloat16) * 3 + 1
+    xd = x.to(xc.device()).requires_grad_()
+    x.requires_grad_()
+    (m(x) * torch.arange(8.0, dtype=torch.bfloat16)).sum().backward()
+    (md(xd) * torch.arange(8.0, dtype=torch.bfloat16).to(xc.device())).sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad)
+    torch.testing.assert_close(md.weight.grad.cpu(), m.weight.grad)
+    torch.testing.assert_close(md.bias.grad.cpu(), m.bias.grad)
+
+
 # -- the batch-norm ops nn.BatchNorm reaches since torch 2.4, on both user paths -------------------
 
 @pytest.fixture

@@ -335,6 +335,11 @@ eager_check_first = op_table(_EAGER_FIRST_CHECKS)
 # meta output to use instead. Run with the meta kernel, so once per signature.
 _EAGER_OUTPUTS: dict = {}
 eager_output = op_table(_EAGER_OUTPUTS)  # fn(func, bound, out) -> out for ops; see ``meta``
+# Arguments eager takes and an op's meta kernel refuses (torch's meta decomposition of
+# _batch_norm_with_update passes weight=None on to a binding that refuses it): ``fn(func, args,
+# kwargs)`` returns the (args, kwargs) to run the meta kernel on instead.
+_META_ARGUMENTS: dict = {}
+meta_arguments = op_table(_META_ARGUMENTS)
 
 
 def _flat_key(func, args, kwargs=None):
@@ -391,7 +396,11 @@ def meta(func, args, kwargs):
     check = _EAGER_FIRST_CHECKS.get(func)
     if check is not None:
         check(func, _bind(func, args, kwargs))
-    out = run_meta(func, args, kwargs, memo)
+    fix = _META_ARGUMENTS.get(func)
+    if fix is None:
+        out = run_meta(func, args, kwargs, memo)
+    else:
+        out = run_meta(func, *fix(func, args, kwargs), memo)
     check = _EAGER_CHECKS.get(func)
     if check is not None:
         check(func, _bind(func, args, kwargs))

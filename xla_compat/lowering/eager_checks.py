@@ -162,3 +162,52 @@ def _exponent_fits(func, b):
     if dtype in (torch.float16, torch.bfloat16) or not (dtype.is_floating_point
                                                          or dtype.is_complex):
         _check_fits(func, b, exponent, dtype)
+
+
+
+# -- normalisation with parameters of another dtype ("mixed dtype (CPU)") -------------------------
+# CPU eager's kernels read parameters (weight, bias, running stats) of the input's dtype, or
+# float32 ones for a bfloat16/float16 input (a "mixed" call, decided by the first parameter
+# given); the statistics they return are float32 in a mixed call and the input's dtype
+# otherwise. The meta kernels check none of it and give float32 statistics for half inputs.
+
+_REDUCED_FLOAT = (torch.bfloat16, torch.float16)
+# op -> the names of its parameters, in the order eager's is_mixed_type reads them
+NORM_PARAMETERS = {
+    aten.native_layer_norm.default: ("weight", "bias"),
+    aten.native_batch_norm.default: ("weight", "bias", "running_mean", "running_var"),
+    aten.native_group_norm.default: ("weight", "bias"),
+    aten._native_batch_norm_legit_functional.default:
+        ("weight", "bias", "running_mean", "running_var"),
+    aten._native_batch_norm_legit.default: ("weight", "bias", "running_mean", "running_var"),
+    aten._native_batch_norm_legit.no_stats: ("weight", "bias"),
+    aten._native_batch_norm_legit_no_training.default:
+        ("weight", "bias", "running_mean", "running_var"),
+    aten._batch_norm_with_update_functional.default:
+        ("weight", "bias", "running_mean", "running_var"),
+    aten._batch_norm_no_update.default: ("weight", "bias", "running_mean", "running_var"),
+}
+
+
+def norm_statistics_dtype(func, b):
+    """The dtype of the statistics ``func`` (a NORM_PARAMETERS op) returns on these arguments,
+    after eager's checks of its parameters' dtypes (raised with eager's words)."""
+    x = b.get("input")
+    dtypes = [p.dtype for p in map(b.get, NORM_PARAMETERS[func]) if isinstance(p, torch.Tensor)]
+    if not dtypes or dtypes[0] == x.dtype:
+        for d in dtypes:
+            if d != x.dtype:
+                _raise(func, b, f"expected scalar type {tracer._type_name(x.dtype)} but found "
+                                f"{tracer._type_name(d)}")
+        return x.dtype
+    if any(d != torch.float32 for d in dtypes):
+        _raise(func, b, "mixed dtype (CPU): expect parameter to have scalar type of Float")
+    if x.dtype not in _REDUCED_FLOAT:
+        _raise(func, b, "mixed dtype (CPU): all inputs must share same datatype.")
+    return torch.float32
+
+
+@tracer.eager_check_first(*NORM_PARAMETERS)
+def _norm_parameters(func, b):
+    if isinstance(b.get("input"), torch.Tensor):
+        norm_statistics_dtype(func, b)
