@@ -445,6 +445,38 @@ def test_a_replay_runs_directly_donates_and_leaves_the_executor_quiet(path, dev)
                     rtol=1e-4, atol=1e-5)
 
 
+def test_replays_leave_no_reference_cycles(path, dev):
+    """What a replay makes (the node, tensors, the slots of its state walk) is freed by reference
+    counting when the step is done with it: a cycle would keep last step's buffers and the whole
+    state walk until the cyclic collector ran, and each collection that frees device arrays
+    costs a training step ~0.65 ms (found on W2: 314 objects a step, 12 of them jax arrays)."""
+    import gc
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = xc.compile(_eager_step)
+    batches = [(x.to(dev), y.to(dev)) for x, y in _batches(6)]
+    for x, y in batches[:3]:
+        step(model, opt, x, y)
+    xc.sync()
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for x, y in batches[3:]:
+            step(model, opt, x, y)
+        xc.sync()
+        found = gc.collect()
+        kinds = sorted({type(o).__name__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+    assert step.stats["replays"] >= 3
+    assert found == 0, f"replays left {found} objects in reference cycles: {kinds}"
+
+
 def test_a_replay_does_not_donate_a_buffer_another_tensor_still_holds(path, dev):
     """A tensor of the other path made from a parameter (``xc.to_path``) holds the same device
     buffer: the replay that rewrites the parameter must not hand that buffer to XLA. It falls

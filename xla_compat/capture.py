@@ -527,21 +527,7 @@ def _replay(rec: Recording, slots: list):
     if rec.rng_out is not None:
         rng.advance(Value(node, rec.rng_out))
 
-    def unmark(m):
-        if isinstance(m, tuple) and m and m[0] == "root":
-            _, k, shape, dtype, stride = m
-            return impl.wrap(impl.tensor_cls(Value(node, k), shape, dtype, stride))
-        if isinstance(m, tuple) and m and m[0] == "slot":
-            return by_address[m[1]].get()
-        if isinstance(m, tuple) and m and m[0] == "const":
-            return m[1]
-        if isinstance(m, (list, tuple)):
-            return type(m)(unmark(e) for e in m)
-        if isinstance(m, dict):
-            return {k: unmark(e) for k, e in m.items()}
-        return m
-
-    result = unmark(rec.result)
+    result = _unmark(rec.result, node, impl, by_address)
     if _sync_hooks():
         executor.sync_all()
         return result
@@ -553,6 +539,25 @@ def _replay(rec: Recording, slots: list):
     else:
         metrics.inc("StepCaptureDirectRun")
     return result
+
+
+def _unmark(m, node, impl, by_address):
+    """The step's result from its recorded form: ("root", ...) markers become tensors of the
+    replay node's outputs, ("slot", address) the tensor now at that address. (A module-level
+    function: a nested recursive one would be a reference cycle holding the node and every
+    slot, freed only by the cyclic collector.)"""
+    if isinstance(m, tuple) and m and m[0] == "root":
+        _, k, shape, dtype, stride = m
+        return impl.wrap(impl.tensor_cls(Value(node, k), shape, dtype, stride))
+    if isinstance(m, tuple) and m and m[0] == "slot":
+        return by_address[m[1]].get()
+    if isinstance(m, tuple) and m and m[0] == "const":
+        return m[1]
+    if isinstance(m, (list, tuple)):
+        return type(m)(_unmark(e, node, impl, by_address) for e in m)
+    if isinstance(m, dict):
+        return {k: _unmark(e, node, impl, by_address) for k, e in m.items()}
+    return m
 
 
 def _sync_hooks() -> bool:
