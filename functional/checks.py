@@ -467,19 +467,23 @@ def _functional_foreach(functional, self, args, kwargs) -> bool:
         if not _is_functional(w):
             return False
 
-    def inner(x):
-        if type(x) is list or type(x) is tuple:
-            return [inner(e) for e in x]
-        if isinstance(x, torch.Tensor) and _is_functional(x):
-            _sync(x)
-            return _unwrap(x)
-        return x
-    outs = functional(inner(self), *(inner(a) for a in args),
-                      **{k: inner(v) for k, v in kwargs.items()})
+    outs = functional(_synced_inner(self), *(_synced_inner(a) for a in args),
+                      **{k: _synced_inner(v) for k, v in kwargs.items()})
     for w, o in zip(self, outs):
         _replace(w, o)
         _commit(w)
     return True
+
+
+def _synced_inner(x):
+    """The inner tensor of each functional wrapper in ``x`` (lists and tuples as lists), synced
+    first. (Module-level: a nested function calling itself is a reference cycle.)"""
+    if type(x) is list or type(x) is tuple:
+        return [_synced_inner(e) for e in x]
+    if isinstance(x, torch.Tensor) and _is_functional(x):
+        _sync(x)
+        return _unwrap(x)
+    return x
 
 
 _lib = None

@@ -175,20 +175,20 @@ def _in_meta_reference() -> bool:
     return excluded(_FUNCTIONALIZE) and excluded(_PYTHON)
 
 
+def _cpu_zeros_like(x):
+    """CPU zeros laid out as ``x`` (a meta twin), anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        from .strides import storage_extent
+        n = max(storage_extent(tuple(x.shape), x.stride(), x.storage_offset()), 1)
+        return torch.zeros(n, dtype=x.dtype).as_strided(x.shape, x.stride(), x.storage_offset())
+    return x
+
+
 def _overlap_probe(op, args, kwargs) -> None:
     """Run ``op`` on CPU zeros laid out as the meta twins; re-raise an overlap error."""
-    from .strides import storage_extent
-
-    def cpu(x):
-        if isinstance(x, torch.Tensor):
-            n = max(storage_extent(tuple(x.shape), x.stride(), x.storage_offset()), 1)
-            return torch.zeros(n, dtype=x.dtype).as_strided(x.shape, x.stride(),
-                                                              x.storage_offset())
-        if isinstance(x, (list, tuple)):
-            return type(x)(cpu(e) for e in x)
-        return x
     try:
-        op(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
+        op(*tracer.map_nested(args, _cpu_zeros_like),
+           **{k: tracer.map_nested(v, _cpu_zeros_like) for k, v in kwargs.items()})
     except RuntimeError as e:
         if "unsupported operation" in str(e):
             tracer._reraise(e, op, (args, list(kwargs.values())))

@@ -104,6 +104,116 @@ def test_matrix_products_of_two_dtypes_raise_like_cpu(path, dev, fn):
     check_like_cpu(fn, (a, b), (a.to(dev), b.to(dev)), ["addmm", "addmv", "aten.mm", "aten.mv"])
 
 
+
+_INTS, _FLOATS, _BOOLS = torch.arange(6).reshape(2, 3), torch.rand(2, 3), torch.rand(2, 3) > 0.5
+
+
+@pytest.mark.parametrize("fn,args", [
+    (lambda a, b: torch.hypot(a, b), (_INTS, _INTS)),
+    (lambda a, b: a & b, (_FLOATS, _FLOATS)),
+    (lambda a, b: a << b, (_FLOATS, _INTS)),
+    (lambda a, b: a @ b.t(), (_BOOLS, _BOOLS)),
+    (lambda a, b: torch.addcmul(a, a, b), (_BOOLS, _BOOLS)),
+    (lambda a, b: torch.pow(a, b), (_BOOLS, _BOOLS)),
+    (lambda a, b: torch.lerp(a, a, 0.5), (_INTS, _INTS)),
+    (lambda a, b: a.clone().bitwise_xor_(b), (_FLOATS, _FLOATS)),
+], ids=["hypot int", "and float", "lshift float", "mm bool", "addcmul bool", "pow bool",
+        "lerp int", "xor_ float"])
+def test_dtypes_cpu_has_no_kernel_for_raise_at_the_op_like_cpu(path, dev, fn, args):
+    """Meta kernels take every dtype and XLA computes most: the device would compute where CPU
+    eager raises NotImplementedError. It raises eager's error at the op (before any sync)."""
+    expected = cpu_error(fn, *args)
+    assert type(expected) is NotImplementedError
+    dev_args = [a.to(dev) for a in args]
+    with pytest.raises(NotImplementedError) as err:
+        fn(*dev_args)
+    assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
+    assert "xla_compat: raised by aten." in str(err.value)
+    xc.sync()
+    for a, b in zip(dev_args, args):
+        assert torch.equal(a.cpu(), b)
+
+
+@pytest.mark.parametrize("fn,args", [
+    (lambda a, b: a - b, (_FLOATS, _BOOLS)),
+    (lambda a, b: b - a, (_FLOATS, _BOOLS)),
+    (lambda a, b: torch.rsub(b, a), (_FLOATS, _BOOLS)),
+    (lambda a, b: b - 1, (_FLOATS, _BOOLS)),
+    (lambda a, b: a.clone().sub_(b, alpha=2), (_FLOATS, _BOOLS)),
+    (lambda a, b: a.masked_fill(b.float(), 1.0), (_FLOATS, _BOOLS)),
+    (lambda a, b: torch.lerp(a, b.double(), 0.3), (_FLOATS, _BOOLS)),
+    (lambda a, b: torch.lerp(a, a, b.half()), (_FLOATS, _BOOLS)),
+    (lambda a, b: torch.dot(a[0], b[0].double()), (_FLOATS, _BOOLS)),
+], ids=["float - bool", "bool - float", "rsub bool", "bool - 1", "sub_ bool",
+        "masked_fill float mask", "lerp end double", "lerp weight half", "dot two dtypes"])
+def test_refused_operands_raise_eagers_words(path, dev, fn, args):
+    """Calls the meta kernels compute (or refuse in their own words) raise what CPU eager
+    raises, in its words."""
+    expected = cpu_error(fn, *args)
+    with pytest.raises(type(expected)) as err:
+        fn(*[a.to(dev) for a in args])
+    assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
+
+
+@pytest.mark.parametrize("fn", [lambda i, b: i << b, lambda i, b: b << i,
+                                lambda i, b: i.int() >> b, lambda i, b: b >> 1,
+                                lambda i, b: 3 << b], ids=["int<<bool", "bool<<int",
+                                                           "int32>>bool", "bool>>1", "3<<bool"])
+def test_shifts_take_a_bool_operand_as_eager_does(path, dev, fn):
+    """Eager shifts a bool operand as the promoted integer type; the meta kernels refused it."""
+    want = fn(_INTS, _BOOLS)
+    got = fn(_INTS.to(dev), _BOOLS.to(dev))
+    assert got.dtype == want.dtype
+    assert torch.equal(got.cpu(), want)
+
+
+def test_asking_the_cpu_kernel_about_dtypes_leaves_the_cpu_generator_alone(path, dev):
+    """The dtype check runs ops on CPU stand-ins: never one that draws from the user's CPU
+    generator (random ops are not asked)."""
+    torch.manual_seed(3)
+    want = torch.rand(4)
+    torch.manual_seed(3)
+    x = torch.ones(5, 7).to(dev)     # shapes no other test traces: each op misses the meta cache
+    torch.nn.functional.dropout(x, 0.3, training=True)
+    torch.bernoulli(x * 0.5)
+    torch.randn_like(x)
+    (x * 3 + 1).sin().sum()
+    xc.sync()
+    assert torch.equal(torch.rand(4), want)
+
+
+
+def test_tracing_leaves_no_reference_cycles(path, dev):
+    """Tracing keeps nothing of a call alive once the call is done with it: a reference cycle
+    holding a dead intermediate made it a pending tensor of the next sync (an extra output,
+    another graph and a compile per call that saw it); found through a nested recursive helper
+    of the CPU-kernel check. (Traced without a sync: compiling makes jax's own cycles.)"""
+    import gc
+    x = torch.rand(3, 5).to(dev)
+    ys = [torch.rand(n, 5).to(dev) for n in (2, 3, 4, 5)]
+    xc.sync()
+
+    def ops(y):
+        return ((y * 0.5 + 1).sin() @ x.t()).hypot(y[:, :3]) - y[:, :3].abs()
+    ops(ys.pop())                 # (first uses: caches that live as long as the process)
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        while ys:                 # new shapes: every op misses the meta cache and is checked
+            ops(ys.pop())
+        found = gc.collect()
+        kinds = sorted({type(o).__name__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+        xc.sync()
+    assert found == 0, f"{found} objects in reference cycles: {kinds}"
+
+
 def test_in_place_write_of_a_float_result_into_a_bool_tensor_raises_like_cpu(path, dev):
     flags = torch.tensor([True, False])
     check_like_cpu(lambda f: f.add_(0.5), (flags.clone(),), (flags.to(dev),), ["add"])

@@ -419,27 +419,31 @@ def _record(fn, args, kwargs, extra, slots):
     rng_out = root_of.get(id(rng.state().node))
     slot_by_leaf = {id(leaf): s.address for s, _, leaf in post if leaf is not None}
 
-    def mark(v):
-        if isinstance(v, torch.Tensor):
-            if not _is_device(v):
-                raise CaptureRefused("the step returned a host tensor", result)
-            leaf = _leaf_of(v)
-            if leaf is not None and id(leaf) in slot_by_leaf and root_of.get(id(leaf)) is None:
-                return ("slot", slot_by_leaf[id(leaf)])
-            k = root_of.get(id(leaf)) if leaf is not None else None
-            if k is None:
-                raise CaptureRefused("the step returned a tensor it did not compute", result)
-            return ("root", k, tuple(v.shape), v.dtype, tuple(v.stride()))
-        if isinstance(v, (list, tuple)):
-            return type(v)(mark(e) for e in v)
-        if isinstance(v, dict):
-            return {k: mark(e) for k, e in v.items()}
-        return ("const", v)
-
-    marked = mark(result)
+    marked = _mark(result, result, slot_by_leaf, root_of)
     avals = tuple(v.aval for v in graph.roots)
     rule, inputs = _replay_rule(graph, compiled, inputs)
     return result, Recording(rule, inputs, avals, writes, clears, marked, rng_out)
+
+
+def _mark(v, result, slot_by_leaf: dict, root_of: dict):
+    """The recorded form of the step's result ``v``: each tensor as the root or the state slot
+    that holds it, other values as constants (``_unmark`` reverses it). A module-level
+    function: a nested recursive one would be a reference cycle holding the result."""
+    if isinstance(v, torch.Tensor):
+        if not _is_device(v):
+            raise CaptureRefused("the step returned a host tensor", result)
+        leaf = _leaf_of(v)
+        if leaf is not None and id(leaf) in slot_by_leaf and root_of.get(id(leaf)) is None:
+            return ("slot", slot_by_leaf[id(leaf)])
+        k = root_of.get(id(leaf)) if leaf is not None else None
+        if k is None:
+            raise CaptureRefused("the step returned a tensor it did not compute", result)
+        return ("root", k, tuple(v.shape), v.dtype, tuple(v.stride()))
+    if isinstance(v, (list, tuple)):
+        return type(v)(_mark(e, result, slot_by_leaf, root_of) for e in v)
+    if isinstance(v, dict):
+        return {k: _mark(e, result, slot_by_leaf, root_of) for k, e in v.items()}
+    return ("const", v)
 
 
 # What a replay pays for numbers it passes rather than has compiled in. They travel packed

@@ -13,6 +13,7 @@ Also here: eager's dtype check of ``index_put`` that its meta kernel skips.
 """
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from dataclasses import dataclass
@@ -260,16 +261,14 @@ def cpu_twins(storages: Storages, storage_of: dict, sizes: dict):
     it is, tensors of one storage sharing one buffer: eager's checks see the real aliasing."""
     buffers = {k: torch.zeros(n, dtype=k[1]) for k, n in sizes.items()}
 
-    def cpu(x):
+    def twin(x):
         if isinstance(x, torch.Tensor) and storages.owns(x):
             buffer = buffers[(storage_of[storages.key(x)], x.dtype)]
             return buffer.as_strided(tuple(x.shape), x.stride(), x.storage_offset())
-        if isinstance(x, (list, tuple)):
-            return type(x)(cpu(e) for e in x)
         if isinstance(x, torch.device):
             return torch.device("cpu")
         return x
-    return cpu
+    return functools.partial(tracer.map_nested, fn=twin)
 
 
 def _without_dry_run(spec: OutOp, outs, inputs, results, storages: Storages) -> None:

@@ -224,6 +224,19 @@ def make_node(func, rule: registry.Rule, args, kwargs, out_metas) -> Node:
     return node
 
 
+def map_nested(x, fn, leaves=()):
+    """``x`` with ``fn`` applied to everything in it that is not a list or tuple (or is one of
+    the ``leaves`` types), lists and tuples rebuilt as their type.
+
+    The one walk of nested arguments: a nested function that calls itself is a reference
+    cycle (function -> closure cell -> function), and whatever its closure holds (a node, the
+    call's device tensors) then lives until the cyclic collector runs; a dead intermediate kept
+    so becomes an extra output of the next sync, and another graph."""
+    if isinstance(x, (list, tuple)) and not isinstance(x, leaves):
+        return type(x)(map_nested(e, fn, leaves) for e in x)
+    return fn(x)
+
+
 def wrap_outputs(cls, meta_out, node: Node, start: int = 0):
     """Replace each meta tensor in ``meta_out`` by a LazyTensor on the node's next output."""
     counter = [start]
@@ -237,11 +250,9 @@ def wrap_outputs(cls, meta_out, node: Node, start: int = 0):
             i = counter[0]
             counter[0] += 1
             return cls(Value(node, i), m.shape, m.dtype, m.stride(), m.storage_offset())
-        if isinstance(m, (list, tuple)):
-            return type(m)(conv(e) for e in m)
         return m
 
-    return conv(meta_out)
+    return map_nested(meta_out, conv, TMeta)
 
 
 class TMeta(NamedTuple):
@@ -340,6 +351,14 @@ eager_output = op_table(_EAGER_OUTPUTS)  # fn(func, bound, out) -> out for ops; 
 # kwargs)`` returns the (args, kwargs) to run the meta kernel on instead.
 _META_ARGUMENTS: dict = {}
 meta_arguments = op_table(_META_ARGUMENTS)
+# Checks of every op, run with its meta kernel (so once per signature): ``fn(func, args,
+# kwargs)`` raises eager's error for a call eager refuses (eager_checks.cpu_kernel_dtypes).
+_EVERY_OP_CHECKS: list = []
+
+
+def register_every_op_check(fn):
+    _EVERY_OP_CHECKS.append(fn)
+    return fn
 
 
 def _flat_key(func, args, kwargs=None):
@@ -404,6 +423,8 @@ def meta(func, args, kwargs):
     check = _EAGER_CHECKS.get(func)
     if check is not None:
         check(func, _bind(func, args, kwargs))
+    for check in _EVERY_OP_CHECKS:
+        check(func, args, kwargs)
     fix = _EAGER_OUTPUTS.get(func)
     if fix is not None:
         out = fix(func, _bind(func, args, kwargs), out)
@@ -462,6 +483,8 @@ def run_meta(func, args, kwargs, memo=None):
     except NotImplementedError:
         raise
     except Exception as e:  # the same error type eager raises, with the op named
+        for check in _EVERY_OP_CHECKS:    # eager's own refusal first, where it has one
+            check(func, args, kwargs)
         _reraise(eager_cast_error(func, args, kwargs, e) or e, func, (args, list(kwargs.values())))
 
 
@@ -1164,14 +1187,13 @@ def cpu_fallback(cls, func, args, kwargs):
             c = materialize_cpu(x)
             lazies[id(c)] = (x, c)
             return c
-        if isinstance(x, (list, tuple)):
-            return type(x)(to_cpu(e) for e in x)
         if isinstance(x, torch.device) and x.type == DEVICE.type:
             return torch.device("cpu")
         return x
 
-    cargs = to_cpu(args)
-    ckwargs = {k: (torch.device("cpu") if k == "device" and v is not None else to_cpu(v))
+    cargs = map_nested(args, to_cpu)
+    ckwargs = {k: (torch.device("cpu") if k == "device" and v is not None
+                   else map_nested(v, to_cpu))
                for k, v in kwargs.items()}
     out = func(*cargs, **ckwargs)
     names, _, _ = mutation_info(func)
@@ -1194,11 +1216,9 @@ def cpu_fallback(cls, func, args, kwargs):
                 return back[id(x)]
             metrics.inc("TransferToDevice")
             return cls(ir.leaf(_jax.from_torch(x)), x.shape, x.dtype)
-        if isinstance(x, (list, tuple)):
-            return type(x)(to_dev(e) for e in x)
         return x
 
-    return to_dev(out)
+    return map_nested(out, to_dev)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ promotes on meta and on XLA, but is an error in eager.
 """
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import torch
 
@@ -117,11 +119,34 @@ def _computed_in(b, *others):
     return dtype if dtype is not None else _dtype(b.get("self"))
 
 
-@tracer.eager_check(*_overloads(aten.add, aten.add_, aten.sub, aten.sub_))
+@tracer.eager_check(*_overloads(aten.add, aten.add_))
 def _alpha_fits(func, b):
     alpha = b.get("alpha")
     if alpha is not None and isinstance(b.get("self"), torch.Tensor):
         _check_fits(func, b, alpha, _computed_in(b, b.get("other")))
+
+
+@tracer.eager_check(*_overloads(aten.sub, aten.sub_, aten.rsub))
+def _subtraction(func, b):
+    """sub_check: a bool operand (tensor or number) is refused (the meta kernels refuse only two
+    bool tensors); then alpha must fit, as for add."""
+    _no_bool_subtraction(func, b)
+    _alpha_fits(func, b)
+
+
+def _no_bool_subtraction(func, b):
+    x, other = b.get("self"), b.get("other")
+    if _is_bool(x) and _is_bool(other):
+        _raise(func, b, "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                        "Use the `^` or `logical_xor()` operator instead.")
+    if _is_bool(x) or _is_bool(other):
+        _raise(func, b, "Subtraction, the `-` operator, with a bool tensor is not supported. If "
+                        "you are trying to invert a mask, use the `~` or `logical_not()` "
+                        "operator instead.")
+
+
+def _is_bool(x) -> bool:
+    return (isinstance(x, torch.Tensor) and x.dtype == torch.bool) or type(x) is bool
 
 
 @tracer.eager_check(aten.clamp.default, aten.clamp_.default)
@@ -163,6 +188,38 @@ def _exponent_fits(func, b):
                                                          or dtype.is_complex):
         _check_fits(func, b, exponent, dtype)
 
+
+
+
+# -- eager's words where a meta kernel refuses a call with its own -------------------------------
+
+@tracer.eager_check_first(*_overloads(aten.masked_fill, aten.masked_fill_))
+def _boolean_mask(func, b):
+    mask = b.get("mask")
+    if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
+        _raise(func, b, f"masked_fill_ only supports boolean masks, but got mask with dtype "
+                        f"{_CPP_NAME.get(mask.dtype, mask.dtype)}")
+
+
+@tracer.eager_check_first(*_overloads(aten.lerp, aten.lerp_))
+def _lerp_dtypes(func, b):
+    x = b.get("self")
+    if not isinstance(x, torch.Tensor):
+        return
+    for name in ("end", "weight"):
+        t = b.get(name)
+        if isinstance(t, torch.Tensor) and t.dtype != x.dtype:
+            _raise(func, b, f"expected dtype {_CPP_NAME.get(x.dtype, x.dtype)} for `{name}` but "
+                            f"got dtype {_CPP_NAME.get(t.dtype, t.dtype)}")
+
+
+@tracer.eager_check_first(*_overloads(aten.dot, aten.vdot))
+def _dot_dtypes(func, b):
+    x, y = b.get("self"), b.get("tensor", b.get("other"))    # (dot's second is "tensor")
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype != y.dtype:
+        _raise(func, b, f"dot : expected both vectors to have "
+                        f"same dtype, but found {tracer._type_name(x.dtype)} and "
+                        f"{tracer._type_name(y.dtype)}")
 
 
 # -- normalisation with parameters of another dtype ("mixed dtype (CPU)") -------------------------
@@ -211,3 +268,89 @@ def norm_statistics_dtype(func, b):
 def _norm_parameters(func, b):
     if isinstance(b.get("input"), torch.Tensor):
         norm_statistics_dtype(func, b)
+
+
+# -- dtypes the CPU kernel has no implementation for -----------------------------------------------
+# Meta kernels accept every dtype, XLA computes most: ``hypot`` of integers, ``mm`` of bools,
+# ``&`` of floats would run on the device where CPU eager raises NotImplementedError
+# ('"hypot_cpu" not implemented for 'Long''). Asking the CPU kernel is the one source that
+# cannot drift from eager: on a meta-cache miss (once per signature) the op runs on CPU tensors
+# of one element per dimension and the argument's dtype, and only that error is taken from it
+# (any other error of such a call, a shape or value check, says nothing about the real call).
+# Only ops for which such stand-ins are a valid call are asked: pointwise ops (no size or index
+# arguments) and the matrix products. A kernel handed sizes or indices that do not fit its
+# tensors may read out of bounds (ctc_loss_backward segfaulted on them), so no other op is.
+# Ops that draw random numbers (the CPU generator is the user's) and calls with no tensor are
+# not asked.
+
+_NOT_IMPLEMENTED_FOR = " not implemented for '"
+_MATRIX_PRODUCTS = frozenset(p for p in (aten.mm, aten.bmm, aten.addmm, aten.addmm_, aten.mv,
+                                         aten.addmv, aten.addmv_, aten.dot, aten.vdot,
+                                         aten.addbmm, aten.addbmm_, aten.baddbmm,
+                                         aten.baddbmm_, aten.addr, aten.addr_))
+
+
+@tracer.register_every_op_check
+def cpu_kernel_dtypes(func, args, kwargs) -> None:
+    asked = _asked(func)
+    if not asked:
+        return
+    found: list = []
+    try:
+        cpu_args = _stand_in(args, found)
+        cpu_kwargs = {k: _stand_in(v, found) for k, v in kwargs.items()}
+    except _Skip:
+        return
+    if not found or any(t.is_complex() or t.layout != torch.strided for t in found):
+        return
+    del found      # (the device tensors: nothing here may keep an op's input alive)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            func(*cpu_args, **cpu_kwargs)
+    except NotImplementedError as e:
+        if _NOT_IMPLEMENTED_FOR in str(e):
+            _raise_not_implemented(func, args, kwargs, e)
+    except Exception:      # noqa: BLE001 - a check of the stand-ins' shapes or values
+        pass
+
+
+def _stand_in(x, found: list):
+    """``x`` with each tensor replaced by a CPU tensor of its dtype and one element per
+    dimension (none where it has none: the call's output is never larger than the real one's).
+    A module-level function: a nested recursive one is a reference cycle that would keep the
+    call's device tensors alive until the cyclic collector ran (a dead intermediate then
+    became an extra output of the next sync, and another graph)."""
+    if isinstance(x, torch.Tensor):
+        found.append(x)
+        return torch.zeros([min(n, 1) for n in x.shape], dtype=x.dtype)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_stand_in(e, found) for e in x)
+    if isinstance(x, torch.Generator):
+        raise _Skip
+    return x
+
+
+class _Skip(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def _asked(func) -> bool:
+    """Is the CPU kernel asked about ``func``'s dtypes? Pointwise ops and matrix products,
+    except ones that draw random numbers or copy between dtypes and devices."""
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return False
+    if func.overloadpacket not in _MATRIX_PRODUCTS and torch.Tag.pointwise not in func.tags:
+        return False
+    name = func._schema.name
+    return not any(part in name for part in ("copy", "_to_", "fill"))
+
+
+def _raise_not_implemented(func, args, kwargs, e: NotImplementedError):
+    message = str(e).splitlines()[0]
+    raise NotImplementedError(
+        f"{message}\n  (xla_compat: raised by {func} with inputs "
+        f"{tracer.describe([*args, *kwargs.values()])}: CPU eager has no kernel for these "
+        f"dtypes, so the device refuses the call too; convert the inputs to a dtype the op "
+        f"takes)") from None

@@ -103,21 +103,22 @@ def _in_range(t, size: int, negative_ok: bool) -> bool:
     return hi < size and lo >= (-size if negative_ok else 0)
 
 
+def _cpu_copy(x):
+    if isinstance(x, LazyTensor):
+        return tracer.materialize_cpu(x).clone()
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, torch.device):
+        return torch.device("cpu")
+    return x
+
+
 def raise_like_cpu(func, args, kwargs):
     """Run ``func`` on CPU copies of its inputs; eager's error (if any) propagates, its first line
     eager's own words and a second naming the op (eager's own message does not, e.g.
     index_select's "INDICES element is out of DATA bounds")."""
-    def cpu(x):
-        if isinstance(x, LazyTensor):
-            return tracer.materialize_cpu(x).clone()
-        if isinstance(x, torch.Tensor):
-            return x.clone()
-        if isinstance(x, (list, tuple)):
-            return type(x)(cpu(e) for e in x)
-        if isinstance(x, torch.device):
-            return torch.device("cpu")
-        return x
-    cargs, ckwargs = cpu(args), {k: cpu(v) for k, v in kwargs.items()}
+    cargs = tracer.map_nested(args, _cpu_copy)
+    ckwargs = {k: tracer.map_nested(v, _cpu_copy) for k, v in kwargs.items()}
     try:
         func(*cargs, **ckwargs)
     except (RuntimeError, IndexError, ValueError, TypeError) as e:

@@ -17,6 +17,27 @@ from .registry import aten, lowering
 # -- integer bit ops ------------------------------------------------------------------------------
 
 
+_SHIFTS = (aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+           aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar,
+           aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+           aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor,
+           aten.__rshift__.Scalar)
+
+
+@tracer.meta_arguments(*_SHIFTS)
+def _bool_operands_promote(func, args, kwargs):
+    """Eager shifts a bool operand as the promoted integer type (``ints << mask``); the meta
+    kernels refuse bool: they run on stand-ins of the promoted dtype (two bools promote to
+    bool, which eager refuses too)."""
+    x, y = args[0], args[1]
+    if not any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (x, y)):
+        return args, kwargs
+    dtype = torch.result_type(x, y)
+    stand_in = [torch.empty_strided(t.shape, t.stride(), dtype=dtype, device="meta")
+                if isinstance(t, torch.Tensor) else t for t in (x, y)]
+    return (*stand_in, *args[2:]), kwargs
+
+
 @lowering(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
           aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar,
           meta=True)
