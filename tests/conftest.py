@@ -55,6 +55,26 @@ def _fresh_metrics():
     yield
 
 
+def cyclic_garbage(fn) -> tuple[int, list]:
+    """Run ``fn()`` with the cyclic collector off; (objects that only it could free, their type
+    names). Tensors and nodes held in a reference cycle outlive their use until it runs (a dead
+    intermediate then becomes an extra output of the next sync)."""
+    import gc
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        fn()
+        found = gc.collect()
+        return found, sorted({type(o).__name__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+
+
 def assert_same(actual, expected, rtol=1.3e-6, atol=1e-5, msg=""):
     """Compare a device tensor (or nested structure) with a CPU reference."""
     if isinstance(expected, (list, tuple)):

@@ -14,7 +14,7 @@ import xla_compat as xc
 from xla_compat import executor
 from xla_compat.debug import metrics as met
 
-from .conftest import assert_same
+from .conftest import assert_same, cyclic_garbage
 
 
 def _model():
@@ -450,7 +450,6 @@ def test_replays_leave_no_reference_cycles(path, dev):
     counting when the step is done with it: a cycle would keep last step's buffers and the whole
     state walk until the cyclic collector ran, and each collection that frees device arrays
     costs a training step ~0.65 ms (found on W2: 314 objects a step, 12 of them jax arrays)."""
-    import gc
     model = _model().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     step = xc.compile(_eager_step)
@@ -458,21 +457,12 @@ def test_replays_leave_no_reference_cycles(path, dev):
     for x, y in batches[:3]:
         step(model, opt, x, y)
     xc.sync()
-    gc.collect()
-    enabled = gc.isenabled()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+
+    def replays():
         for x, y in batches[3:]:
             step(model, opt, x, y)
         xc.sync()
-        found = gc.collect()
-        kinds = sorted({type(o).__name__ for o in gc.garbage})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        if enabled:
-            gc.enable()
+    found, kinds = cyclic_garbage(replays)
     assert step.stats["replays"] >= 3
     assert found == 0, f"replays left {found} objects in reference cycles: {kinds}"
 

@@ -16,6 +16,8 @@ from xla_compat.lazy.tracer import PathMixError
 from xla_compat.lowering import registry
 from xla_compat.settings import SettingError, Settings
 
+from .conftest import cyclic_garbage
+
 aten = torch.ops.aten
 BASE = torch.arange(12.).reshape(3, 4)
 
@@ -188,7 +190,6 @@ def test_tracing_leaves_no_reference_cycles(path, dev):
     holding a dead intermediate made it a pending tensor of the next sync (an extra output,
     another graph and a compile per call that saw it); found through a nested recursive helper
     of the CPU-kernel check. (Traced without a sync: compiling makes jax's own cycles.)"""
-    import gc
     x = torch.rand(3, 5).to(dev)
     ys = [torch.rand(n, 5).to(dev) for n in (2, 3, 4, 5)]
     xc.sync()
@@ -196,21 +197,12 @@ def test_tracing_leaves_no_reference_cycles(path, dev):
     def ops(y):
         return ((y * 0.5 + 1).sin() @ x.t()).hypot(y[:, :3]) - y[:, :3].abs()
     ops(ys.pop())                 # (first uses: caches that live as long as the process)
-    gc.collect()
-    enabled = gc.isenabled()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+
+    def trace():
         while ys:                 # new shapes: every op misses the meta cache and is checked
             ops(ys.pop())
-        found = gc.collect()
-        kinds = sorted({type(o).__name__ for o in gc.garbage})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        if enabled:
-            gc.enable()
-        xc.sync()
+    found, kinds = cyclic_garbage(trace)
+    xc.sync()
     assert found == 0, f"{found} objects in reference cycles: {kinds}"
 
 
