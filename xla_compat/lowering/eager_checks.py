@@ -296,14 +296,23 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
     if not asked:
         return
     found: list = []
+
+    def stand_in(x):
+        # a CPU tensor of x's dtype, one element per dimension (none where x has none: the
+        # call's output is never larger than the real one's)
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+            return torch.zeros([min(n, 1) for n in x.shape], dtype=x.dtype)
+        if isinstance(x, torch.Generator):
+            raise _Skip
+        return x
     try:
-        cpu_args = _stand_in(args, found)
-        cpu_kwargs = {k: _stand_in(v, found) for k, v in kwargs.items()}
+        cpu_args = tracer.map_nested(args, stand_in)
+        cpu_kwargs = {k: tracer.map_nested(v, stand_in) for k, v in kwargs.items()}
     except _Skip:
         return
     if not found or any(t.is_complex() or t.layout != torch.strided for t in found):
         return
-    del found      # (the device tensors: nothing here may keep an op's input alive)
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -313,22 +322,6 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
             _raise_not_implemented(func, args, kwargs, e)
     except Exception:      # noqa: BLE001 - a check of the stand-ins' shapes or values
         pass
-
-
-def _stand_in(x, found: list):
-    """``x`` with each tensor replaced by a CPU tensor of its dtype and one element per
-    dimension (none where it has none: the call's output is never larger than the real one's).
-    A module-level function: a nested recursive one is a reference cycle that would keep the
-    call's device tensors alive until the cyclic collector ran (a dead intermediate then
-    became an extra output of the next sync, and another graph)."""
-    if isinstance(x, torch.Tensor):
-        found.append(x)
-        return torch.zeros([min(n, 1) for n in x.shape], dtype=x.dtype)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_stand_in(e, found) for e in x)
-    if isinstance(x, torch.Generator):
-        raise _Skip
-    return x
 
 
 class _Skip(Exception):
