@@ -502,11 +502,21 @@ def _before(w_cpu, steps):
     return want
 
 
+def _break_replays(step, monkeypatch):
+    """Make the executable the latest recording replays raise as on a device fault; returns
+    the function that mends it."""
+    rec = list(step.recordings.values())[-1]
+
+    def broken(*args):
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory (planted)")
+    monkeypatch.setattr(rec.rule, "compiled", broken)
+    return monkeypatch.undo
+
+
 def test_a_replay_that_fails_to_run_leaves_the_state_as_it_was(path, dev, monkeypatch):
     """The recorded executable raising (out of memory, a device fault) surfaces as an error that
     names the replayed step; state written in place keeps the value it had before the call, a
-    tensor the step makes anew reads as that error (the step had replaced it before running),
-    and the next call runs again."""
+    place the step rebinds holds the tensor it held before, and the next call runs again."""
     w_cpu = torch.randn(4, 4)
 
     class State:
@@ -524,18 +534,110 @@ def test_a_replay_that_fails_to_run_leaves_the_state_as_it_was(path, dev, monkey
     want = _before(w_cpu, 3)
     assert_same(state.w, want)
     assert step.stats["replays"] >= 1
-    rec = list(step.recordings.values())[-1]       # the one replays use (the latest)
-    real = rec.rule.compiled
-
-    def broken(*args):
-        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory (planted)")
-    monkeypatch.setattr(rec.rule, "compiled", broken)
+    out_before = state.out
+    mend = _break_replays(step, monkeypatch)
     with pytest.raises(executor.GraphError, match="replayed step.*out of memory"):
         step()
     assert_same(state.w, want)
-    with pytest.raises(RuntimeError, match="(?s)sync failed.*out of memory"):
-        state.out.cpu()
-    monkeypatch.setattr(rec.rule, "compiled", real)
+    assert state.out is out_before
+    assert_same(state.out, want.sum(0))
+    mend()
     step()
     assert_same(state.w, want * 0.5 + 1.0)
     assert_same(state.out, (want * 0.5 + 1.0).sum(0))
+
+
+def test_a_failed_training_replay_keeps_grads_and_the_next_steps_match_eager(path, dev,
+                                                                             monkeypatch):
+    """A failed replay of a training step: parameters, gradients and optimizer state are those
+    of the step before it, and training on from there matches CPU eager step for step."""
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1, momentum=0.9)
+    batches = _batches(6)
+    model = _model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = xc.compile(_eager_step)
+    for x, y in batches[:3]:
+        _eager_step(cpu_model, cpu_opt, x, y)
+        step(model, opt, x.to(dev), y.to(dev))
+    assert step.stats["replays"] == 1
+    grads = [p.grad for p in model.parameters()]
+    mend = _break_replays(step, monkeypatch)
+    x, y = batches[3]
+    with pytest.raises(executor.GraphError, match="out of memory"):
+        step(model, opt, x.to(dev), y.to(dev))
+    mend()
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads))   # back in place
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p, q.detach())
+        assert_same(p.grad, q.grad)
+    for x, y in batches[3:]:
+        want = _eager_step(cpu_model, cpu_opt, x, y)
+        assert_same(step(model, opt, x.to(dev), y.to(dev)), want)
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        assert_same(p, q.detach())
+        assert_same(p.grad, q.grad)
+    assert step.stats["replays"] == 4
+
+
+def test_a_failed_replay_puts_back_a_rebound_tensor_whose_buffer_it_donates(path, dev,
+                                                                          monkeypatch):
+    """``self.h = f(self.h)``: the replay donates the old ``h``'s buffer, so it cannot hold the
+    old tensor through the run; after a failure ``h`` is a tensor of that buffer again."""
+    h_cpu = torch.randn(3, 5)
+
+    class Cell:
+        def __init__(self):
+            self.h = h_cpu.clone().to(dev)
+
+        def step(self):
+            self.h = torch.tanh(self.h * 0.9 + 0.1)
+
+    cell = Cell()
+    step = xc.compile(cell.step)
+    want = h_cpu.clone()
+    for _ in range(3):
+        step()
+        want = torch.tanh(want * 0.9 + 0.1)
+    assert step.stats["replays"] == 2
+    aliased = met.counter_value("InputOutputAliasCount") or 0
+    step()
+    want = torch.tanh(want * 0.9 + 0.1)
+    assert (met.counter_value("InputOutputAliasCount") or 0) > aliased   # it donates h
+    mend = _break_replays(step, monkeypatch)
+    with pytest.raises(executor.GraphError, match="out of memory"):
+        step()
+    mend()
+    assert_same(cell.h, want)
+    step()
+    assert_same(cell.h, torch.tanh(want * 0.9 + 0.1))
+    assert step.stats["replays"] == 4
+
+
+def test_a_failed_replay_of_a_drawing_step_leaves_the_random_state_as_it_was(path, dev,
+                                                                             monkeypatch):
+    """The failed call drew nothing: the calls after it draw what they would have drawn had it
+    never been made."""
+    x = torch.ones(64).to(dev)
+
+    @xc.compile
+    def noisy(x):
+        return F.dropout(x, 0.5) * 2
+
+    def run(fail_at):
+        xc.manual_seed(11)
+        got = []
+        for i in range(5):
+            if i == fail_at:
+                mend = _break_replays(noisy, monkeypatch)
+                with pytest.raises(executor.GraphError):
+                    noisy(x)
+                mend()
+            got.append(noisy(x).cpu())
+        return got
+
+    clean, failed = run(None), run(3)
+    for a, b in zip(clean, failed):
+        assert torch.equal(a, b)
+    assert not torch.equal(clean[3], clean[4])
+    assert noisy.stats["replays"] >= 8

@@ -14,9 +14,11 @@ current device buffers to the inputs, gives each state tensor a pending output o
 for that node at once (``executor.run_recorded``: no graph walk, key or cache lookup; counted in
 ``StepCaptureDirectRun``). Where that cannot be done as the recording did it (a buffer the step
 donates is still held by another tensor, dual-run lockstep, a mesh layout) it syncs in full
-instead. A replay whose executable fails raises an error naming it: state written in place
-keeps its values; tensors the step makes anew (rebound ``.grad``s, returned values) read as that
-error until the next call.
+instead. A replay whose executable fails raises an error naming it and leaves the state as it
+was before the call: state written in place keeps its values, and every place the step rebinds
+or clears (``.grad``s, attributes, dict entries) holds the tensor it held before (where the step
+donates that tensor's buffer, a new tensor of the same buffer and metadata: holding the tensor
+itself through the run would have refused the donation).
 
 The signature (the guards) is: the active path; every state tensor's shape, dtype and
 requires_grad, and which state slots exist (``.grad`` set or None, optimizer state present);
@@ -41,6 +43,7 @@ import collections
 import functools
 import threading
 import types
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -341,11 +344,13 @@ def _record(fn, args, kwargs, extra, slots):
     if foreign:      # dual-run lockstep's pair tensors: each op runs on two paths, no replay
         raise CaptureRefused(f"{foreign[0]} is not a tensor of one path (lockstep pair?); the "
                              f"step runs traced", fn(*args, **kwargs))
+    # What each slot held, weakly: a tensor the step rebinds or clears dies with its last
+    # reference, so the recorded sync may donate its buffer (as a traced step's sync does).
     before = {}
     for s in slots:
         t = s.get()
         if t is not None:
-            before[s.address] = (t, _leaf_of(t))
+            before[s.address] = (weakref.ref(t), _leaf_of(t))
     by_leaf = {}
     for address, (t, leaf) in before.items():
         if leaf is not None:
@@ -411,7 +416,7 @@ def _record(fn, args, kwargs, extra, slots):
                 raise CaptureRefused(f"{s.address} took a value the step did not compute "
                                      f"(a tensor shared between two state slots?)", result)
             continue
-        same = old is not None and old[0] is t
+        same = old is not None and old[0]() is t
         if not same and s.put is None:
             raise CaptureRefused(f"{s.address} was replaced by a new tensor object", result)
         writes.append((k, s.address, "inplace" if same else "rebind",
@@ -513,9 +518,11 @@ def _replay(rec: Recording, slots: list):
             inputs.append(Value(leaf, 0))
     node = Node(REPLAY_OP, rec.rule, rec.rule.template, (), tuple(inputs), rec.avals)
     metrics.inc("IrNodes")
-    # (a tensor a rebind or a clear drops, last step's gradient, is freed here, before the
-    # executable allocates its outputs: an A/B that kept them until after the dispatch measured
-    # no gain, the execution running mostly inside the call, and the allocator loses the reuse)
+    # What this call rebinds or clears is kept until the node has run, and put back if it fails
+    # (the step then did not happen: state written in place rolls back in the executor). A
+    # tensor whose buffer the node donates is not kept: holding it would refuse the donation.
+    donated = {id(inputs[i].node) for i in rec.rule.donate}
+    before = []
     written = []
     for k, address, how, (shape, dtype, stride) in rec.writes:
         slot = by_address[address]
@@ -523,26 +530,59 @@ def _replay(rec: Recording, slots: list):
             t = slot.get()
             impl.assign(t, Value(node, k))
         else:
+            _keep(slot, before, donated)
             t = impl.wrap(impl.tensor_cls(Value(node, k), shape, dtype, stride))
             slot.put(t)
         written.append(t)
     for address in rec.clears:
-        by_address[address].put(None)
+        slot = by_address[address]
+        _keep(slot, before, donated)
+        slot.put(None)
+    drew_from = None
     if rec.rng_out is not None:
+        drew_from = rng.state()
         rng.advance(Value(node, rec.rng_out))
 
     result = _unmark(rec.result, node, impl, by_address)
-    if _sync_hooks():
-        executor.sync_all()
+    try:
+        if _sync_hooks():
+            executor.sync_all()
+            return result
+        # The written tensors' paths settle them as a sync would (functional: the storage lets
+        # go of the value it held before, so that buffer can be donated), then the node runs.
+        paths.before_sync(written)
+        if not executor.run_recorded(node, rec.rule.compiled, rec.rule.donate, rec.rule.mesh):
+            executor.sync_all()
+        else:
+            metrics.inc("StepCaptureDirectRun")
         return result
-    # The written tensors' paths settle them as a sync would (functional: the storage lets go of
-    # the value it held before, so that buffer can be donated), then the node runs directly.
-    paths.before_sync(written)
-    if not executor.run_recorded(node, rec.rule.compiled, rec.rule.donate, rec.rule.mesh):
-        executor.sync_all()
+    except BaseException:
+        for slot, t in before:
+            slot.put(t if type(t) is not tuple else _remade(impl, *t))
+        if drew_from is not None:
+            rng.advance(drew_from)
+        raise
+
+
+def _keep(slot, before: list, donated: set) -> None:
+    """Remember what ``slot`` holds: the tensor, or where the node donates its buffer (holding
+    the tensor would refuse the donation), its leaf and metadata to remake it from."""
+    t = slot.get()
+    if t is None:
+        return
+    leaf = _leaf_of(t)
+    if id(leaf) not in donated:
+        before.append((slot, t))
     else:
-        metrics.inc("StepCaptureDirectRun")
-    return result
+        before.append((slot, (leaf, tuple(t.shape), t.dtype, t.stride(), t.requires_grad)))
+
+
+def _remade(impl, leaf, shape, dtype, stride, requires_grad):
+    """A tensor of ``leaf``'s buffer (None where the failed run consumed it)."""
+    if leaf.array.is_deleted():
+        return None
+    t = impl.wrap(impl.tensor_cls(Value(leaf, 0), shape, dtype, stride))
+    return t.requires_grad_(True) if requires_grad else t
 
 
 def _unmark(m, node, impl, by_address):
