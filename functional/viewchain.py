@@ -418,7 +418,7 @@ def _signature(func, x, src, args, kwargs):
 
 
 def _info(func, x, args, kwargs) -> _Info:
-    step = _step(func, tracer._bind(func, args, kwargs), tuple(x.shape))
+    step = _step(func, tracer.bind(func, args, kwargs), tuple(x.shape))
     if step is None:
         return _Info(None, None)
     out, _ = tracer.meta(func, args, kwargs)

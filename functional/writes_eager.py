@@ -84,8 +84,8 @@ def _written_cast(cls, func, args, kwargs):
         x, cls(value, tuple(x.shape), dtype, x.stride(), x.storage_offset()))
     x._value = value
     raise RuntimeError(
-        f"result type {tracer._type_name(result)} can't be cast to the desired output type "
-        f"{tracer._type_name(dtype)}\n  (xla_compat: raised by the in-place/out= form of {op} "
+        f"result type {tracer.type_name(result)} can't be cast to the desired output type "
+        f"{tracer.type_name(dtype)}\n  (xla_compat: raised by the in-place/out= form of {op} "
         f"on the functional path)")
 
 
@@ -241,7 +241,7 @@ def _meta_hook(op, original):
                 return self
         first = tracer._EAGER_FIRST_CHECKS.get(op)   # eager's checks before its meta function's
         if first is not None:
-            first(op, tracer._bind(op, args, kwargs))
+            first(op, tracer.bind(op, args, kwargs))
         overlapping = torch._debug_has_internal_overlap(self) == 1
         if overlapping:               # eager checks the written tensor before the dtypes
             _overlap_probe(op, args, kwargs)
@@ -252,7 +252,7 @@ def _meta_hook(op, original):
                             (args, list(kwargs.values())))
         check = tracer._EAGER_CHECKS.get(op)     # eager's checks the meta kernel skips
         if check is not None:
-            check(op, tracer._bind(op, args, kwargs))
+            check(op, tracer.bind(op, args, kwargs))
         if overlapping and not _sums_changes(op, args, kwargs):
             from .writes import FunctionalizationLimit
             raise FunctionalizationLimit(   # eager allows it; upstream would sum the writes

@@ -58,7 +58,7 @@ def dispatch(func, args, kwargs):
                 return out
             plan = out_plan(func)
             if plan is not None and all(isinstance(t, LegacyTensor) for t in
-                                        _written(tracer._bind(func, args, kwargs), plan.names)):
+                                        _written(tracer.bind(func, args, kwargs), plan.names)):
                 return run_out_op(func, plan, args, kwargs)
             resize_outs(func, args, kwargs)
         return tracer.trace(LegacyTensor, func, args, kwargs)
@@ -389,7 +389,7 @@ def check_overlapping_write(func, args, kwargs) -> None:
     element with it. A CPU probe over a shared zero storage decides whether this op checks
     (``fill_`` does not; write_checks.probe_in_place)."""
     names, _, _ = tracer.mutation_info(func)
-    bound = tracer._bind(func, args, kwargs)
+    bound = tracer.bind(func, args, kwargs)
     written = []
     for n in names:
         vals = bound.get(n)
@@ -477,7 +477,7 @@ def run_out_op(func, plan: OutPlan, args, kwargs):
     except NotImplementedError:             # no meta kernel: the functional op checks inputs
         checked = False
     f_kwargs = {k: v for k, v in kwargs.items() if k not in plan.names}
-    bound = tracer._bind(func, args, kwargs)
+    bound = tracer.bind(func, args, kwargs)
     outs = _written(bound, plan.names)
     targets = outs + _written(bound, plan.others)
     results = plan.functional(*args, **f_kwargs)
@@ -492,8 +492,8 @@ def run_out_op(func, plan: OutPlan, args, kwargs):
             continue
         if not checked and plan.others and not torch.can_cast(r.dtype, t.dtype):
             raise RuntimeError(
-                f"result type {tracer._type_name(r.dtype)} can't be cast to the desired output "
-                f"type {tracer._type_name(t.dtype)}\n  (xla_compat: raised by {func} with inputs "
+                f"result type {tracer.type_name(r.dtype)} can't be cast to the desired output "
+                f"type {tracer.type_name(t.dtype)}\n  (xla_compat: raised by {func} with inputs "
                 f"{tracer.describe((args, list(kwargs.values())))})")
         if tuple(t.shape) != tuple(r.shape):
             resize_out(t, r.shape)
@@ -507,7 +507,7 @@ def _out_returns(func, args, kwargs):
     returns = func._schema.returns
     if not returns:
         return None
-    bound = tracer._bind(func, args, kwargs)
+    bound = tracer.bind(func, args, kwargs)
     by_set = {s: bound[a.name] for a in func._schema.arguments
               if a.alias_info is not None and a.alias_info.is_write
               for s in a.alias_info.before_set}

@@ -290,8 +290,8 @@ def _without_dry_run(spec: OutOp, outs, inputs, results, storages: Storages) -> 
     for r, o in zip(results or (), outs):
         if r != o.dtype and not torch.can_cast(r, o.dtype):
             raise RuntimeError(
-                f"result type {tracer._type_name(r)} can't be cast to the desired output type "
-                f"{tracer._type_name(o.dtype)}\n  (xla_compat: raised by {spec.op})")
+                f"result type {tracer.type_name(r)} can't be cast to the desired output type "
+                f"{tracer.type_name(o.dtype)}\n  (xla_compat: raised by {spec.op})")
 
 
 # -- in-place ops ------------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ def _index_put_dtypes(func, bound):
     self, values = bound.get("self"), bound.get("values")
     if (isinstance(self, torch.Tensor) and isinstance(values, torch.Tensor)
             and self.dtype != values.dtype):
-        name = tracer._type_name
+        name = tracer.type_name
         raise RuntimeError(
             f"Index put requires the source and destination dtypes match, got "
             f"{name(self.dtype)} for the destination and {name(values.dtype)} for the source.\n"

@@ -414,7 +414,7 @@ def meta(func, args, kwargs):
     memo: dict = {}
     check = _EAGER_FIRST_CHECKS.get(func)
     if check is not None:
-        check(func, _bind(func, args, kwargs))
+        check(func, bind(func, args, kwargs))
     fix = _META_ARGUMENTS.get(func)
     if fix is None:
         out = run_meta(func, args, kwargs, memo)
@@ -422,12 +422,12 @@ def meta(func, args, kwargs):
         out = run_meta(func, *fix(func, args, kwargs), memo)
     check = _EAGER_CHECKS.get(func)
     if check is not None:
-        check(func, _bind(func, args, kwargs))
+        check(func, bind(func, args, kwargs))
     for check in _EVERY_OP_CHECKS:
         check(func, args, kwargs)
     fix = _EAGER_OUTPUTS.get(func)
     if fix is not None:
-        out = fix(func, _bind(func, args, kwargs), out)
+        out = fix(func, bind(func, args, kwargs), out)
     out = _wrapped_number_strides(func, args, kwargs, out)
     flat = _flat_tensors((args, list(kwargs.values())))
     after = {i: _desc(memo[id(t)]) for i, t in enumerate(flat) if id(t) in memo}
@@ -942,7 +942,7 @@ def functional_results(cls, func, args, kwargs):
     if rule is None:
         return None
     meta_out, after = meta(func, args, kwargs)
-    bound = _bind(func, args, kwargs)
+    bound = bind(func, args, kwargs)
     mutated_tensors = []
     for n in names:
         v = bound[n]
@@ -987,8 +987,8 @@ def check_result_cast(func, functional, f_call, mutated) -> None:
     for r, m in zip(results, mutated):
         if r.dtype != m.dtype and not torch.can_cast(r.dtype, m.dtype):
             raise RuntimeError(
-                f"result type {_type_name(r.dtype)} can't be cast to the desired output type "
-                f"{_type_name(m.dtype)}\n  (xla_compat: raised by {func} with inputs "
+                f"result type {type_name(r.dtype)} can't be cast to the desired output type "
+                f"{type_name(m.dtype)}\n  (xla_compat: raised by {func} with inputs "
                 f"{describe(f_call)})")
 
 
@@ -1007,7 +1007,7 @@ def eager_cast_error(func, args, kwargs, e: BaseException):
         result, written = getattr(torch, m.group(1)), getattr(torch, m.group(2))
     else:              # the meta kernel does not say: the functional variant's result dtype
         names, _, functional = mutation_info(func)
-        written = _bind(func, args, kwargs).get(names[0]) if names else None
+        written = bind(func, args, kwargs).get(names[0]) if names else None
         try:
             result = run_meta(functional, *_drop_out_args(func, args, kwargs, names))
         except Exception:   # noqa: BLE001 - no functional variant or meta kernel: keep e
@@ -1022,8 +1022,8 @@ def eager_cast_error(func, args, kwargs, e: BaseException):
         if not isinstance(written, torch.Tensor) or not isinstance(result, torch.Tensor):
             return None
         result, written = result.dtype, written.dtype
-    return RuntimeError(f"result type {_type_name(result)} can't be cast to the desired output "
-                        f"type {_type_name(written)}")
+    return RuntimeError(f"result type {type_name(result)} can't be cast to the desired output "
+                        f"type {type_name(written)}")
 
 
 def _non_overlapping_and_dense(shape, stride) -> bool:
@@ -1057,7 +1057,8 @@ PARTIAL_OVERLAP = ("unsupported operation: some elements of the input tensor and
                    "performing the operation.")
 
 
-def _type_name(dtype) -> str:
+def type_name(dtype) -> str:
+    """``dtype`` as eager's error messages name it ("Float", "BFloat16", "Long")."""
     return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
             torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
             torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
@@ -1065,7 +1066,8 @@ def _type_name(dtype) -> str:
                 dtype, str(dtype).replace("torch.", ""))
 
 
-def _bind(func, args, kwargs) -> dict:
+def bind(func, args, kwargs) -> dict:
+    """{argument name: value} of a call of ``func`` as given (defaults left out)."""
     out = {}
     for i, a in enumerate(func._schema.arguments):
         if i < len(args) and not a.kwarg_only:
@@ -1133,7 +1135,7 @@ def _returns_of_mutation(cls, func, args, kwargs, meta_out, node):
     schema = func._schema
     if not schema.returns:
         return None
-    bound = _bind(func, args, kwargs)
+    bound = bind(func, args, kwargs)
     by_set = {}
     for a in schema.arguments:
         if a.alias_info is not None and a.alias_info.is_write:
@@ -1201,7 +1203,7 @@ def cpu_fallback(cls, func, args, kwargs):
         for lazy, c in lazies.values():
             # Only arguments the schema says are written come back.
             pass
-        bound = _bind(func, cargs, ckwargs)
+        bound = bind(func, cargs, ckwargs)
         for n in names:
             vals = bound[n]
             for c in (vals if isinstance(vals, (list, tuple)) else [vals]):

@@ -162,7 +162,7 @@ def _host_list(t) -> list[int]:
 @tracer.special(aten._ctc_loss.Tensor, aten._ctc_loss_backward.Tensor)
 def _ctc_with_length_tensors(cls, func, args, kwargs):
     """Read the length tensors on the host, then trace the int-list overload."""
-    b = tracer._bind(func, args, kwargs)
+    b = tracer.bind(func, args, kwargs)
     b["input_lengths"] = _host_list(b["input_lengths"])
     b["target_lengths"] = _host_list(b["target_lengths"])
     target = {aten._ctc_loss.Tensor: aten._ctc_loss.default,

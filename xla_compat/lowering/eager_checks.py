@@ -48,7 +48,7 @@ def _mm(func, b):
 def _addmm_like(first: str, second: str):
     def check(func, b):
         s, m1, m2 = _dtype(b.get("self")), _dtype(b.get(first)), _dtype(b.get(second))
-        name = tracer._type_name
+        name = tracer.type_name
         if s is not None and m2 is not None and s != m2:
             _raise(func, b, f"self and mat2 must have the same dtype, but got {name(s)} and "
                             f"{name(m2)}")
@@ -66,7 +66,7 @@ tracer.eager_check(*_overloads(aten.addbmm, aten.addbmm_))(_addmm_like("batch1",
 def _mv(func, b):
     m, v = _dtype(b.get("self")), _dtype(b.get("vec"))
     if m is not None and v is not None and m != v:
-        name = tracer._type_name     # eager's mv is addmv into a result of vec's dtype
+        name = tracer.type_name     # eager's mv is addmv into a result of vec's dtype
         _raise(func, b, f"addmv input tensors must have the same dtype, but got {name(v)}, "
                         f"{name(m)}, and {name(v)}")
 
@@ -218,8 +218,8 @@ def _dot_dtypes(func, b):
     x, y = b.get("self"), b.get("tensor", b.get("other"))    # (dot's second is "tensor")
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype != y.dtype:
         _raise(func, b, f"dot : expected both vectors to have "
-                        f"same dtype, but found {tracer._type_name(x.dtype)} and "
-                        f"{tracer._type_name(y.dtype)}")
+                        f"same dtype, but found {tracer.type_name(x.dtype)} and "
+                        f"{tracer.type_name(y.dtype)}")
 
 
 # -- normalisation with parameters of another dtype ("mixed dtype (CPU)") -------------------------
@@ -229,45 +229,25 @@ def _dot_dtypes(func, b):
 # otherwise. The meta kernels check none of it and give float32 statistics for half inputs.
 
 _REDUCED_FLOAT = (torch.bfloat16, torch.float16)
-# op -> the names of its parameters, in the order eager's is_mixed_type reads them
-NORM_PARAMETERS = {
-    aten.native_layer_norm.default: ("weight", "bias"),
-    aten.native_batch_norm.default: ("weight", "bias", "running_mean", "running_var"),
-    aten.native_group_norm.default: ("weight", "bias"),
-    aten._native_batch_norm_legit_functional.default:
-        ("weight", "bias", "running_mean", "running_var"),
-    aten._native_batch_norm_legit.default: ("weight", "bias", "running_mean", "running_var"),
-    aten._native_batch_norm_legit.no_stats: ("weight", "bias"),
-    aten._native_batch_norm_legit_no_training.default:
-        ("weight", "bias", "running_mean", "running_var"),
-    aten._batch_norm_with_update_functional.default:
-        ("weight", "bias", "running_mean", "running_var"),
-    aten._batch_norm_no_update.default: ("weight", "bias", "running_mean", "running_var"),
-}
 
 
-def norm_statistics_dtype(func, b):
-    """The dtype of the statistics ``func`` (a NORM_PARAMETERS op) returns on these arguments,
-    after eager's checks of its parameters' dtypes (raised with eager's words)."""
+def mixed_statistics_dtype(func, b, parameters: tuple):
+    """The dtype of the statistics the normalisation ``func`` returns on arguments ``b``, after
+    eager's checks of its ``parameters``' dtypes (their names, in the order eager's
+    is_mixed_type reads them), raised with eager's words. The op table is lowering/norms.py's."""
     x = b.get("input")
-    dtypes = [p.dtype for p in map(b.get, NORM_PARAMETERS[func]) if isinstance(p, torch.Tensor)]
+    dtypes = [p.dtype for p in map(b.get, parameters) if isinstance(p, torch.Tensor)]
     if not dtypes or dtypes[0] == x.dtype:
         for d in dtypes:
             if d != x.dtype:
-                _raise(func, b, f"expected scalar type {tracer._type_name(x.dtype)} but found "
-                                f"{tracer._type_name(d)}")
+                _raise(func, b, f"expected scalar type {tracer.type_name(x.dtype)} but found "
+                                f"{tracer.type_name(d)}")
         return x.dtype
     if any(d != torch.float32 for d in dtypes):
         _raise(func, b, "mixed dtype (CPU): expect parameter to have scalar type of Float")
     if x.dtype not in _REDUCED_FLOAT:
         _raise(func, b, "mixed dtype (CPU): all inputs must share same datatype.")
     return torch.float32
-
-
-@tracer.eager_check_first(*NORM_PARAMETERS)
-def _norm_parameters(func, b):
-    if isinstance(b.get("input"), torch.Tensor):
-        norm_statistics_dtype(func, b)
 
 
 # -- dtypes the CPU kernel has no implementation for -----------------------------------------------

@@ -28,7 +28,7 @@ def _repeat_indices(repeats, n):
 def _repeat_interleave(cls, func, args, kwargs):
     """The index of each repeat: [0]*r0 + [1]*r1 + ...; length sum(repeats), read on the host
     unless ``output_size`` gives it."""
-    b = tracer._bind(func, args, kwargs)
+    b = tracer.bind(func, args, kwargs)
     repeats, n = b["repeats"], b.get("output_size")
     if n is None:
         n = int(torch.ops.aten.repeat_interleave.Tensor(_host_values(repeats)).numel())
@@ -70,7 +70,7 @@ def _unique_along(cls, func, x, dim, consecutive, host_op):
 @tracer.special(aten.unique_dim.default, aten.unique_dim_consecutive.default)
 def _unique_dim(cls, func, args, kwargs):
     # unique_dim sorts whatever `sorted` says (eager does too); the consecutive form does not
-    b = tracer._bind(func, args, kwargs)
+    b = tracer.bind(func, args, kwargs)
     x, d = b["self"], b["dim"]
     return _unique_along(cls, func, x, d, func is aten.unique_dim_consecutive.default,
                          lambda h: func(h, d)[0])
@@ -82,7 +82,7 @@ _flat_unique_consecutive = host_values._unique_consecutive_special
 @tracer.special(aten.unique_consecutive.default)
 def _unique_consecutive(cls, func, args, kwargs):
     """Along a dim: consecutive distinct slices; without one: host_values' flat version."""
-    b = tracer._bind(func, args, kwargs)
+    b = tracer.bind(func, args, kwargs)
     d = b.get("dim")
     if d is None:
         return _flat_unique_consecutive(cls, func, args, kwargs)

@@ -164,7 +164,7 @@ _LONG_ONLY = frozenset(op for op in _CHECKS if op._schema.name in (
 
 
 def _checked(cls, func, args, kwargs):
-    bound = tracer._bind(func, args, kwargs)
+    bound = tracer.bind(func, args, kwargs)
     index = bound.get("index")
     if isinstance(index, torch.Tensor) and index.dtype is not torch.int64 and (
             index.dtype is not torch.int32 or func in _LONG_ONLY):
@@ -293,7 +293,7 @@ def _unique_sorted(x, n, return_inverse, return_counts):
 
 @tracer.special(aten._unique2.default, aten._unique.default)
 def _unique_special(cls, func, args, kwargs):
-    b = tracer._bind(func, args, kwargs)
+    b = tracer.bind(func, args, kwargs)
     x = b["self"]
     inverse = b.get("return_inverse", False)
     counts = b.get("return_counts", False) if func is aten._unique2.default else False
@@ -315,7 +315,7 @@ def _unique_consecutive(x, n, return_inverse, return_counts):
 
 @tracer.special(aten.unique_consecutive.default)
 def _unique_consecutive_special(cls, func, args, kwargs):
-    b = tracer._bind(func, args, kwargs)
+    b = tracer.bind(func, args, kwargs)
     x = b["self"]
     if b.get("dim") is not None:
         return tracer.cpu_fallback(cls, func, args, kwargs)
@@ -338,7 +338,7 @@ _SCALAR_LIST = {
 
 @tracer.special(*_SCALAR_LIST)
 def _foreach_tensor_scalars(cls, func, args, kwargs):
-    b = tracer._bind(func, args, kwargs)
+    b = tracer.bind(func, args, kwargs)
     scalars = b["scalars"]
     if isinstance(scalars, LazyTensor):  # eager wants them on the CPU; its meta kernel says so
         return trace_rule(cls, func, args, kwargs)

@@ -266,7 +266,7 @@ def _meta(shape, dtype):
 
 @tracer.special(aten.linalg_lstsq.default)
 def _lstsq_special(cls, func, args, kwargs):
-    bound = tracer._bind(func, args, kwargs)
+    bound = tracer.bind(func, args, kwargs)
     a, b = bound["self"], bound["b"]
     rcond, driver = bound.get("rcond"), bound.get("driver") or "gelsy"
     _check_lstsq(a, b, driver)

@@ -311,7 +311,7 @@ def _bincount(x, weights, length, dtype):
 @tracer.special(aten.bincount.default)
 def _bincount_special(cls, func, args, kwargs):
     from . import host_values
-    b = tracer._bind(func, args, kwargs)
+    b = tracer.bind(func, args, kwargs)
     x, weights, minlength = b["self"], b.get("weights"), int(b.get("minlength", 0) or 0)
     if x.dim() != 1 or x.dtype.is_floating_point or x.dtype.is_complex or minlength < 0 or (
             weights is not None and weights.shape != x.shape):
@@ -347,7 +347,7 @@ def _equal(cls, func, args, kwargs):
 
 @tracer.special(aten.allclose.default)
 def _allclose(cls, func, args, kwargs):
-    b = tracer._bind(func, args, kwargs)
+    b = tracer.bind(func, args, kwargs)
     x, y = b["self"], b["other"]
     if x.dtype != y.dtype:   # eager raises; let it say so in its own words
         from . import host_values

@@ -8,6 +8,8 @@ new running stats for the tracer to rebind.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import jax.numpy as jnp
 from jax import lax
@@ -39,35 +41,64 @@ def _empty(aval):
 
 # -- batch norm -----------------------------------------------------------------------------------
 
-# Where each op's statistics sit among its outputs (save_mean, save_invstd or rstd, and the new
-# running stats of the functional variants): the dtype eager gives them is the input's, or
-# float32 in a call with float32 parameters for a half input (eager_checks).
-_STATISTICS = {
-    aten.native_layer_norm.default: (1, 2),
-    aten.native_group_norm.default: (1, 2),
-    aten.native_batch_norm.default: (1, 2),
-    aten._native_batch_norm_legit.default: (1, 2),
-    aten._native_batch_norm_legit.no_stats: (1, 2),
-    aten._native_batch_norm_legit_functional.default: (1, 2, 3, 4),
-    aten._native_batch_norm_legit_no_training.default: (1, 2),
-    aten._batch_norm_with_update_functional.default: (1, 2, 4, 5),
-    aten._batch_norm_no_update.default: (1, 2),
+def _evaluating_by_flag(bound) -> bool:
+    """Eval mode (``training`` False) with running stats given."""
+    return not bound.get("training") and bound.get("running_mean") is not None
+
+
+@dataclass(frozen=True)
+class _Norm:
+    """What CPU eager does that the meta kernels do not, for one normalisation op.
+
+    ``parameters``: the names of its parameters in the order eager's mixed-type rule reads them
+    (eager_checks.mixed_statistics_dtype). ``statistics``: where its statistics sit among its
+    outputs (save_mean and save_invstd or rstd, and the new running stats of the functional
+    variants), whose dtype eager gives as the input's, or float32 in a call with float32
+    parameters for a half input (the meta kernels follow CUDA: float32 for every half input).
+    ``evaluating``: for batch norms, whether a call (its bound arguments) runs in eval mode with
+    running stats, where eager's saves are empty."""
+
+    parameters: tuple
+    statistics: tuple = (1, 2)
+    evaluating: Optional[Callable] = None
+
+
+_AFFINE, _RUNNING = ("weight", "bias"), ("weight", "bias", "running_mean", "running_var")
+_NORMS = {
+    aten.native_layer_norm.default: _Norm(_AFFINE),
+    aten.native_group_norm.default: _Norm(_AFFINE),
+    aten.native_batch_norm.default: _Norm(_RUNNING, evaluating=_evaluating_by_flag),
+    aten._native_batch_norm_legit.default: _Norm(_RUNNING, evaluating=_evaluating_by_flag),
+    aten._native_batch_norm_legit.no_stats: _Norm(_AFFINE),
+    aten._native_batch_norm_legit_functional.default:
+        _Norm(_RUNNING, (1, 2, 3, 4), evaluating=_evaluating_by_flag),
+    aten._native_batch_norm_legit_no_training.default:
+        _Norm(_RUNNING, evaluating=lambda bound: True),
+    aten._batch_norm_with_update_functional.default: _Norm(_RUNNING, (1, 2, 4, 5)),
+    aten._batch_norm_no_update.default:
+        _Norm(_RUNNING, evaluating=lambda bound: bound.get("running_mean") is not None),
 }
-_EVALUATING = {aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
-               aten._native_batch_norm_legit_functional.default,
-               aten._native_batch_norm_legit_no_training.default,
-               aten._batch_norm_no_update.default}
 
 
-@tracer.eager_output(*_STATISTICS)
+@tracer.eager_check_first(*_NORMS)
+def _norm_parameters(func, bound):
+    """Eager's refusals of parameters of another dtype, before the meta kernel runs."""
+    if isinstance(bound.get("input"), torch.Tensor):
+        eager_checks.mixed_statistics_dtype(func, bound, _NORMS[func].parameters)
+
+
+@tracer.eager_output(*_NORMS)
 def _eager_statistics(func, bound, out):
-    """The statistics' shapes and dtypes as CPU eager returns them (the meta kernels follow
-    CUDA: float32 statistics for every half input, and [C] saves in eval mode)."""
-    if func in _EVALUATING:
-        out = _eval_saves_are_empty(func, bound, out)
-    dtype = eager_checks.norm_statistics_dtype(func, bound)
+    """The statistics' shapes and dtypes as CPU eager returns them."""
+    norm = _NORMS[func]
+    if norm.evaluating is not None and norm.evaluating(bound):
+        # CPU eager returns save_mean and save_invstd of shape (0,) in eval mode with running
+        # stats (CUDA and the meta kernels: [C]); the backward then reads the running stats.
+        out = (out[0], *(torch.empty((0,), dtype=t.dtype, device="meta") for t in out[1:3]),
+               *out[3:])
+    dtype = eager_checks.mixed_statistics_dtype(func, bound, norm.parameters)
     out = list(out)
-    for i in _STATISTICS[func]:
+    for i in norm.statistics:
         t = out[i]
         if t.dtype != dtype:
             out[i] = torch.empty_strided(t.shape, t.stride(), dtype=dtype, device="meta")
@@ -81,7 +112,7 @@ def _meta_parameters(func, args, kwargs):
     ``_select_batch_norm_backend``, which refuses None (eager's CPU kernel takes it): the meta
     kernel runs on stand-ins of shape [C] (no output's shape depends on them; the statistics'
     dtypes come from the real arguments, ``_eager_statistics``)."""
-    bound = tracer._bind(func, args, kwargs)
+    bound = tracer.bind(func, args, kwargs)
     x = bound.get("input")
     if not isinstance(x, torch.Tensor) or x.ndim < 2:
         return args, kwargs
@@ -94,21 +125,6 @@ def _meta_parameters(func, args, kwargs):
             elif position < len(args):
                 args[position] = stand_in
     return tuple(args), kwargs
-
-
-def _eval_saves_are_empty(func, bound, out):
-    """In eval mode with running stats, CPU eager returns save_mean and save_invstd of shape (0,)
-    (CUDA and the meta kernels return [C]); the backward then reads the running stats."""
-    if func is aten._native_batch_norm_legit_no_training.default:
-        evaluating = True
-    elif func is aten._batch_norm_no_update.default:
-        evaluating = bound.get("running_mean") is not None
-    else:
-        evaluating = not bound.get("training") and bound.get("running_mean") is not None
-    if not evaluating:
-        return out
-    empty = [torch.empty((0,), dtype=t.dtype, device="meta") for t in out[1:3]]
-    return (out[0], *empty, *out[3:])
 
 
 def _batch_stats(x):

@@ -578,5 +578,5 @@ def legendre_polynomial_p(x, n, *, aval):
 # tracer cannot pair it with its functional variant: compute out of place and write back.
 @tracer.special(aten.polygamma_.default)
 def _polygamma_inplace(cls, func, args, kwargs):
-    b = tracer._bind(func, args, kwargs)
+    b = tracer.bind(func, args, kwargs)
     return aten.copy_.default(b["self"], aten.polygamma.default(b["n"], b["self"]))
