@@ -483,6 +483,8 @@ def _check(op, case: _Case, dtype, mode: str, inplace: bool) -> None:
     actual = to_cpu(case.out)
     if full_name(op) in skips.SIGN_ALIGNED:
         actual = skips.align_signs(full_name(op), actual, case.expected)
+    if full_name(op) in skips.TIE_ALIGNED:
+        actual = skips.align_ties(full_name(op), case.sample, actual, case.expected)
     check(actual, case.expected)
     if inplace:
         check(to_cpu(case.dev_in), to_cpu(case.cpu_in), "mutated input")

@@ -101,6 +101,8 @@ def comparison_rules() -> dict:
                        "[0.6, 1.67], or the 10/50/90% quantiles within 0.25 of eager's 10-90% "
                        "spread",
         "metadata_only": sorted(skips.METADATA_ONLY),
+        "sign_aligned": {k: v[0] for k, v in skips.SIGN_ALIGNED.items()},
+        "tie_aligned": {k: v[0] for k, v in skips.TIE_ALIGNED.items()},
         "skipped_ops": skips.SKIP_OPS,
     }
 
@@ -219,7 +221,8 @@ def merge(*datasets: dict) -> dict:
     meta = {**datasets[0]["meta"], "runs": runs,
             "paths": [p for r in runs for p in r["paths"]],
             "ops_selected": max(d["meta"]["ops_selected"] for d in datasets)}
-    return {"meta": meta, "totals": totals, "comparison": datasets[0]["comparison"],
+    return {"meta": meta, "totals": totals,
+            "comparison": {**datasets[0]["comparison"], **datasets[-1]["comparison"]},
             "ops": [by_key[k] for k in order]}
 
 
@@ -278,6 +281,12 @@ def _rules_md(c: dict) -> list[str]:
            (", ".join(f"{k} ({v['reason']})" for k, v in c["extra_overrides"].items()) or "none"),
            f"- Random ops ({len(c['random_ops'])}: {', '.join(c['random_ops'])}): {c['random_rule']}.",
            f"- Uninitialised outputs ({', '.join(c['metadata_only'])}): shape and dtype only.",
+           "- Outputs unique only up to sign (" + ", ".join(c.get("sign_aligned", {})) + "): "
+           "each singular/eigenvector aligned to eager's phase, then compared as usual.",
+           "- Indices unique only up to ties (" + ", ".join(c.get("tie_aligned", {})) + "): "
+           "an index naming an element equal to the one eager's names is aligned to eager's, "
+           "then compared as usual; sort and topk indices must name distinct elements; stable "
+           "sorts are compared as they are.",
            "- In-place variants run on a clone of the input; samples where eager raises (e.g. the "
            "result dtype cannot be cast to the input's) are skipped; the mutated input and the "
            "returned tensor are compared, and the result must be the input itself when eager's is.",

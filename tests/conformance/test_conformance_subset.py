@@ -22,6 +22,7 @@ SUBSET = {
                     "sigmoid", "tanh", "pow", "clamp", "where", "eq", "lt", "maximum",
                     "logical_and", "bitwise_and", "masked_fill"),
     "reductions": ("sum", "mean", "amax", "argmax", "prod", "cumsum", "all", "any", "var"),
+    "sorting": ("sort", "argsort", "topk", "kthvalue", "mode"),
     "views": ("transpose", "permute", "view", "reshape", "expand", "narrow", "select",
               "squeeze", "unsqueeze", "t", "as_strided"),
     "indexing": ("index_select", "gather", "scatter", "index_put", "take_along_dim"),
@@ -132,6 +133,41 @@ def test_sign_aligned_factors_fail_when_only_one_vector_of_a_pair_flips():
     only_u = harness.skips.align_signs("linalg.svd", [u * flip, s, vh], [u, s, vh])
     with pytest.raises(AssertionError):
         harness.compare(only_u, [u, s, vh], lambda dt: (1e-6, 1e-6))
+
+
+def _tie_sample(x, *args, **kwargs):
+    from torch.testing._internal.opinfo.core import SampleInput
+    return SampleInput(x, args=args, kwargs=kwargs)
+
+
+def test_tie_aligned_indices_pass_for_equal_elements_and_fail_otherwise():
+    """Indices naming another of several equal elements are eager's after alignment; an index
+    naming an element of another value, or one element twice, still fails."""
+    x = torch.tensor([[3, 1, 3, 2, 1], [0, 0, 5, 0, 5]])
+    want = torch.topk(x, 2)
+    tol = lambda dt: (0, 0)          # noqa: E731 - exact, as for every int output
+    other_tie = (want.values, torch.tensor([[2, 0], [4, 2]]))    # the other 3 and the other 5
+    sample = _tie_sample(x, 2)
+    harness.compare(harness.skips.align_ties("topk", sample, other_tie, tuple(want)),
+                    tuple(want), tol)
+    wrong = (want.values, torch.tensor([[0, 3], [2, 4]]))           # x[0, 3] is 2, not 3
+    with pytest.raises(AssertionError):
+        harness.compare(harness.skips.align_ties("topk", sample, wrong, tuple(want)),
+                        tuple(want), tol)
+    twice = (want.values, torch.tensor([[0, 0], [2, 2]]))
+    with pytest.raises(AssertionError, match="twice"):
+        harness.skips.align_ties("topk", sample, twice, tuple(want))
+    # mode without keepdim (indices lose the dim), and a stable sort compared as it is.
+    m = torch.mode(x, 1)
+    other = (m.values, torch.tensor([4, 3]))                         # another 1, another 0
+    harness.compare(harness.skips.align_ties("mode", _tie_sample(x, 1), other, tuple(m)),
+                    tuple(m), tol)
+    stable = torch.sort(x, stable=True)
+    swapped = (stable.values, stable.indices.flip(1).flip(1).clone())
+    swapped[1][0, :2] = swapped[1][0, :2].flip(0)                    # the two 1s swapped
+    kept = harness.skips.align_ties("sort", _tie_sample(x, stable=True), swapped, tuple(stable))
+    with pytest.raises(AssertionError):
+        harness.compare(kept, tuple(stable), tol)
 
 
 def test_sample_selection_keeps_every_kind_before_repeating_one():
