@@ -80,3 +80,23 @@ def test_embedding_bag_per_sample_weights():
     check(lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p,
                                              padding_idx=0),
           w, idx, torch.tensor([0, 2, 5]), torch.rand(6))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_embedding_bag_half_weights_are_summed_as_eager_sums_them(path, dev, dtype):
+    """CPU eager weighs and sums a half weight's rows in float32 and rounds each bag once (its
+    bfloat16 kernel rounding halfway cases away from zero). Over random bags every mode matches
+    it exactly (summed in bfloat16 the bags were up to 0.5 off)."""
+    g = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        w = torch.randn(12, 6, generator=g).to(dtype)
+        idx = torch.randint(0, 12, (15,), generator=g)
+        off = torch.tensor([0, 4, 9, 9])
+        psw = torch.rand(15, generator=g).to(dtype)
+        for kw in ({"per_sample_weights": psw, "mode": "sum"}, {"mode": "sum"},
+                   {"mode": "mean"}, {"mode": "max"}):
+            want = F.embedding_bag(idx, w, off, **kw)
+            got = F.embedding_bag(idx.to(dev), w.to(dev), off.to(dev),
+                                  **{k: v.to(dev) if isinstance(v, torch.Tensor) else v
+                                     for k, v in kw.items()})
+            assert torch.equal(got.cpu(), want), (dtype, sorted(kw))
