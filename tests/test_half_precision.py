@@ -173,3 +173,17 @@ def test_pow_by_a_number_rounds_like_eager(path, dev, dtype, exponent):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(2048, generator=g) * 3).to(dtype)
     assert_bitwise(torch.pow(x.to(dev), exponent), torch.pow(x, exponent))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("size", [(3, 4, 2), (5, 7, 4), 1, (None, 3, 2)], ids=str)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_adaptive_avg_pool3d_sums_in_the_half_dtype_like_eager(path, dev, dtype, size,
+                                                              channels_last):
+    """Eager's 3-d kernel adds a window's elements in the tensor's own dtype and divides by each
+    window extent in turn (2-d accumulates in float32): bit for bit, windows of every size."""
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(2, 3, 8, 9, 6, generator=g) * 3).to(dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last_3d)
+    assert_bitwise(F.adaptive_avg_pool3d(x.to(dev), size), F.adaptive_avg_pool3d(x, size))

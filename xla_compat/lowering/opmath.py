@@ -67,7 +67,7 @@ _WIDEN_NAMES = frozenset({
     "_cdist_forward", "_cdist_backward", "_pdist_forward", "_pdist_backward", "_euclidean_dist",
     # pooling and interpolation
     "avg_pool2d", "avg_pool3d", "avg_pool2d_backward", "avg_pool3d_backward",
-    "_adaptive_avg_pool2d", "_adaptive_avg_pool3d", "_adaptive_avg_pool2d_backward",
+    "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
     "_adaptive_avg_pool3d_backward", "upsample_linear1d", "upsample_bilinear2d",
     "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bilinear2d_aa",
     "_upsample_bicubic2d_aa", "upsample_linear1d_backward", "upsample_bilinear2d_backward",
@@ -85,6 +85,7 @@ _WIDEN_NAMES = frozenset({
 # whose result depends on the dtype's range or spacing.
 _OWN_ROUNDING = frozenset({
     "addr", "linalg_cross", "nan_to_num", "nextafter", "frexp", "ldexp", "xlogy",
+    "_adaptive_avg_pool3d",
 })
 # Overloads whose rule spells out eager's roundings (pow by a number: x*x*x rounds twice).
 _OWN_ROUNDING_OPS = frozenset({"aten.pow.Tensor_Scalar"})
