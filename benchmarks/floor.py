@@ -9,6 +9,7 @@ sees), it gives the fastest any such tracer could run the step, against torch ea
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import time
@@ -97,6 +98,7 @@ def traced_parts(workload, path: str, steps: int = 30, warmup: int = 5) -> tuple
     import xla_compat as xc
     from benchmarks.measure import _wait_lazy
     parts: list = [[], [], []]
+    gc.collect()          # (as run_variant and profile: no earlier variant's tensors linger)
     with xc.use_path(path):
         program = workload.torch_program(xc.device())
         _wait_lazy()

@@ -353,6 +353,9 @@ def _progress(m: Measurement) -> str:
 def profile(workload, path: str, iters: int = 10, top: int = 25, warmup: int = 3) -> str:
     """cProfile of ``iters`` steps of ``workload`` on ``path`` after warm-up (cache hits only):
     tracing, then sync and wait. Returns the printed statistics."""
+    # The last variant's garbage goes first: an uncollected functional tensor would keep the
+    # legacy tensor's path-mix guard (a Python call per torch function) on through the profile.
+    gc.collect()
     with _variant_context(path) as ctx:
         prog = workload.torch_program(ctx["device"])
         _wait_lazy()

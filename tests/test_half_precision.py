@@ -187,3 +187,27 @@ def test_adaptive_avg_pool3d_sums_in_the_half_dtype_like_eager(path, dev, dtype,
     if channels_last:
         x = x.to(memory_format=torch.channels_last_3d)
     assert_bitwise(F.adaptive_avg_pool3d(x.to(dev), size), F.adaptive_avg_pool3d(x, size))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead", [(), (7,), (2, 5)], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_bilinear_rounds_each_product_like_eager(path, dev, dtype, lead, bias):
+    """Eager's _trilinear multiplies input1 with the weight first, rounds to the dtype, then
+    with input2 (and F.bilinear adds the bias as its own op); its backward's _trilinear calls
+    add a summed dim up slice by slice in the dtype: forward and gradients bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    x1, x2 = (torch.randn(*lead, 6, generator=g) * 2).to(dtype), \
+        (torch.randn(*lead, 5, generator=g) * 2).to(dtype)
+    w = torch.randn(4, 6, 5, generator=g).to(dtype)
+    b = torch.randn(4, generator=g).to(dtype) if bias else None
+    cpu = [t.requires_grad_() if t is not None else None for t in (x1, x2, w, b)]
+    on = [t.detach().to(dev).requires_grad_() if t is not None else None for t in cpu]
+    got, want = F.bilinear(*on), F.bilinear(*cpu)
+    assert_bitwise(got, want)
+    seed = torch.randn(want.shape, generator=g).to(dtype)
+    got.backward(seed.to(dev))
+    want.backward(seed)
+    for a, e in zip(on, cpu):
+        if e is not None:
+            assert_bitwise(a.grad, e.grad)

@@ -63,7 +63,7 @@ _WIDEN_NAMES = frozenset({
     "_batch_norm_with_update_functional", "_batch_norm_no_update", "batch_norm_backward",
     # matmul and convolution
     "mm", "bmm", "addmm", "addmv", "addbmm", "baddbmm", "dot", "vdot", "mv", "matmul",
-    "outer", "ger", "_trilinear", "convolution", "_convolution", "convolution_backward",
+    "outer", "ger", "convolution", "_convolution", "convolution_backward",
     "_cdist_forward", "_cdist_backward", "_pdist_forward", "_pdist_backward", "_euclidean_dist",
     # pooling and interpolation
     "avg_pool2d", "avg_pool3d", "avg_pool2d_backward", "avg_pool3d_backward",
@@ -85,7 +85,7 @@ _WIDEN_NAMES = frozenset({
 # whose result depends on the dtype's range or spacing.
 _OWN_ROUNDING = frozenset({
     "addr", "linalg_cross", "nan_to_num", "nextafter", "frexp", "ldexp", "xlogy",
-    "_adaptive_avg_pool3d",
+    "_adaptive_avg_pool3d", "_trilinear",
 })
 # Overloads whose rule spells out eager's roundings (pow by a number: x*x*x rounds twice).
 _OWN_ROUNDING_OPS = frozenset({"aten.pow.Tensor_Scalar"})
