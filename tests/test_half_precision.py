@@ -211,3 +211,44 @@ def test_bilinear_rounds_each_product_like_eager(path, dev, dtype, lead, bias):
     for a, e in zip(on, cpu):
         if e is not None:
             assert_bitwise(a.grad, e.grad)
+
+
+_BATCH_NORMS = {
+    "train": lambda x, w, b, rm, rv: (F.batch_norm(x, rm, rv, w, b, training=True), rm, rv),
+    "eval": lambda x, w, b, rm, rv: F.batch_norm(x, rm, rv, w, b, training=False),
+    "batch stats only": lambda x, w, b, rm, rv: F.batch_norm(x, None, None, w, b, training=True),
+    "instance norm": lambda x, w, b, rm, rv: (
+        F.instance_norm(x, rm, rv, w, b, use_input_stats=True), rm, rv),
+    "functional op": lambda x, w, b, rm, rv: torch.ops.aten._native_batch_norm_legit_functional(
+        x, w, b, rm, rv, True, 0.1, 1e-5),
+    "with update": lambda x, w, b, rm, rv: (*torch.ops.aten._batch_norm_with_update(
+        x, w, b, rm, rv, 0.1, 1e-5)[:3], rm, rv),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("kind", sorted(_BATCH_NORMS))
+def test_batch_norm_statistics_round_where_eager_stores_them(path, dev, dtype, affine, kind):
+    """Eager's bfloat16 kernel keeps mean, sum of squares, variance and invstd in bfloat16 as it
+    goes and updates the running stats in bfloat16 arithmetic; its float16 calls compute in
+    float32 and normalise with the statistics as stored: outputs, saved statistics and running
+    stats bit for bit, over shapes with and without spatial dims."""
+    g = torch.Generator().manual_seed(6)
+    for shape in ((4, 3, 5), (2, 4, 3, 3), (8, 3)):
+        if kind == "instance norm" and len(shape) < 3:
+            continue
+        for _ in range(5):
+            x = (torch.randn(*shape, generator=g) * 2 + 0.5).to(dtype)
+            c = shape[1]
+            w = torch.randn(c, generator=g).to(dtype) if affine else None
+            b = torch.randn(c, generator=g).to(dtype) if affine else None
+            rm = torch.randn(c, generator=g).to(dtype)
+            rv = (torch.rand(c, generator=g) + 0.5).to(dtype)
+            cpu = [t.clone() if t is not None else None for t in (x, w, b, rm, rv)]
+            on = [t.clone().to(dev) if t is not None else None for t in (x, w, b, rm, rv)]
+            want, got = _BATCH_NORMS[kind](*cpu), _BATCH_NORMS[kind](*on)
+            want = want if isinstance(want, tuple) else (want,)
+            got = got if isinstance(got, tuple) else (got,)
+            for i, (a, e) in enumerate(zip(got, want)):
+                assert_bitwise(a, e, msg=f"{kind} {shape} output {i}")
