@@ -252,3 +252,28 @@ def test_batch_norm_statistics_round_where_eager_stores_them(path, dev, dtype, a
             got = got if isinstance(got, tuple) else (got,)
             for i, (a, e) in enumerate(zip(got, want)):
                 assert_bitwise(a, e, msg=f"{kind} {shape} output {i}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode,shape", [("linear", (2, 3, 7)), ("bicubic", (2, 3, 5, 6)),
+                                        ("trilinear", (2, 3, 4, 5, 6)),
+                                        ("bilinear", (2, 3, 5, 6))], ids=str)
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_interpolation_weights_round_like_eager(path, dev, dtype, mode, shape, align_corners):
+    """Eager's generic upsampling kernel stores each dim's weights in the half dtype (linear:
+    lambda1, then 1 - lambda1 in that dtype) and accumulates the taps in float32 with fused
+    multiply-adds; bilinear 2-d takes a float32 kernel. Bit for bit up- and downsampling, in
+    both memory formats."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype)
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    inputs = [x] + ([x.contiguous(memory_format=formats[x.dim()])] if x.dim() in formats else [])
+    for xi in inputs:
+        for size in (tuple(2 * s - 1 for s in shape[2:]), tuple(max(s - 2, 1) for s in shape[2:])):
+            got = F.interpolate(xi.to(dev), size=size, mode=mode, align_corners=align_corners)
+            want = F.interpolate(xi, size=size, mode=mode, align_corners=align_corners)
+            if mode == "bilinear":      # its float32 kernel's sums: a few elements one ulp off
+                steps = (got.cpu().view(torch.int16).int() - want.view(torch.int16).int()).abs()
+                assert int(steps.max()) <= 1 and (steps > 0).float().mean() < 0.05
+            else:
+                assert_bitwise(got, want, msg=f"{mode} {size}")

@@ -66,8 +66,7 @@ _WIDEN_NAMES = frozenset({
     # pooling and interpolation
     "avg_pool2d", "avg_pool3d", "avg_pool2d_backward", "avg_pool3d_backward",
     "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
-    "_adaptive_avg_pool3d_backward", "upsample_linear1d", "upsample_bilinear2d",
-    "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bilinear2d_aa",
+    "_adaptive_avg_pool3d_backward", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
     "_upsample_bicubic2d_aa", "upsample_linear1d_backward", "upsample_bilinear2d_backward",
     "upsample_trilinear3d_backward", "upsample_bicubic2d_backward",
     "_upsample_bilinear2d_aa_backward", "_upsample_bicubic2d_aa_backward",
@@ -88,6 +87,9 @@ _OWN_ROUNDING = frozenset({
     "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
     "_native_batch_norm_legit_no_training", "_batch_norm_with_update_functional",
     "_batch_norm_no_update",
+    # upsampling: weights stored in the half dtype (resample._interpolate_half; bilinear 2-d
+    # takes another kernel, whose float32 weights WIDEN gives)
+    "upsample_linear1d", "upsample_trilinear3d", "upsample_bicubic2d",
 })
 # Overloads whose rule spells out eager's roundings (pow by a number: x*x*x rounds twice).
 _OWN_ROUNDING_OPS = frozenset({"aten.pow.Tensor_Scalar"})

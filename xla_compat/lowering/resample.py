@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import opmath
 from ._helpers import acc_dtype
 from .registry import aten, lowering
 
@@ -177,6 +178,8 @@ def _keys_cubic(x, t, a=-0.5):
 
 
 def _interpolate(x, output_size, align_corners, scales, taps):
+    if x.dtype in opmath.LOW:
+        return _interpolate_half(x, output_size, align_corners, scales, taps)
     n = len(output_size)
     scales = list(scales) + [None] * (n - len(scales))
     t = _opmath(x.dtype)
@@ -191,6 +194,45 @@ def _interpolate(x, output_size, align_corners, scales, taps):
             acc = term if acc is None else acc + term
         y = acc
     return y.astype(x.dtype)
+
+
+def _interpolate_half(x, output_size, align_corners, scales, taps):
+    """A float16/bfloat16 input as eager's generic upsampling kernel computes it (these ops'
+    opmath rule leaves the roundings here): each dim's weights computed in float32 and stored
+    in the input's dtype, the taps accumulated in float32 as its compiled code does (the first
+    product, then a fused multiply-add per further tap), innermost dim first, and the result
+    rounded once."""
+    n = len(output_size)
+    scales = list(scales) + [None] * (n - len(scales))
+    low = np.dtype(x.dtype)
+    y = x.astype(jnp.float32)
+    for d in reversed(range(n)):
+        ax = y.ndim - n + d
+        acc = None
+        for idx, w in _stored_taps(taps, y.shape[ax], output_size[d], align_corners, scales[d],
+                                   low):
+            w = _along(jnp.asarray(w), ax, y.ndim)
+            v = _take(y, idx, ax)
+            acc = v * w if acc is None else _fma(v, w, acc)
+        y = acc
+    return opmath.round_to(y, x.dtype)
+
+
+def _stored_taps(taps, n_in, n_out, align_corners, scale, low):
+    """``taps``' weights as the kernel stores them in the half dtype ``low``, as float32: the
+    linear kernel stores lambda1 and then computes lambda0 = 1 - lambda1 in that dtype."""
+    out = taps(n_in, n_out, align_corners, scale, np.float32)
+    stored = [(i, w.astype(low).astype(np.float32)) for i, w in out]
+    if taps is _linear_taps:
+        (i0, _), (i1, w1) = stored
+        w0 = (np.float32(1) - w1).astype(low).astype(np.float32)
+        stored = [(i0, w0), (i1, w1)]
+    return stored
+
+
+def _fma(a, b, c):
+    f64 = jnp.float64
+    return (a.astype(f64) * b.astype(f64) + c.astype(f64)).astype(jnp.float32)
 
 
 def _interp_rules(op, op_bw, taps):
