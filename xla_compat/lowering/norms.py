@@ -151,13 +151,6 @@ def _normalize(x, mean, invstd, weight, bias):
     return y.astype(x.dtype)
 
 
-def _fma(a, b, c):
-    """``a * b + c`` of float32 values rounded once, as a fused multiply-add (the product of two
-    float32 is exact in float64; the sum is rounded to float32 from there)."""
-    f64 = jnp.float64
-    return (a.astype(f64) * b.astype(f64) + c.astype(f64)).astype(jnp.float32)
-
-
 def _half_normalize(x, mean, invstd, weight, bias):
     """A half input normalised as eager's kernel does it: alpha = invstd * w and beta = b - mean
     * alpha per channel in float32, then ``x * alpha + beta`` per element, both the way the
@@ -167,8 +160,8 @@ def _half_normalize(x, mean, invstd, weight, bias):
     f32 = jnp.float32
     mean, invstd = mean.astype(f32), invstd.astype(f32)
     alpha = invstd if weight is None else invstd * weight.astype(f32)
-    beta = _fma(-mean, alpha, jnp.zeros((), f32) if bias is None else bias.astype(f32))
-    y = _fma(x.astype(f32), _channel(alpha, x.ndim), _channel(beta, x.ndim))
+    beta = opmath.fma(-mean, alpha, jnp.zeros((), f32) if bias is None else bias.astype(f32))
+    y = opmath.fma(x.astype(f32), _channel(alpha, x.ndim), _channel(beta, x.ndim))
     return opmath.round_to(y, x.dtype)
 
 

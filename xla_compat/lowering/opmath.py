@@ -214,6 +214,14 @@ def round_to(x, dtype):
     return lax.convert_element_type(jnp.where(jnp.abs(x) < 2.0 ** emin, tiny, normal), dt)
 
 
+def fma(a, b, c):
+    """``a * b + c`` of float32 values rounded once, as the fused multiply-add eager's compiled
+    kernels use (a product of two float32 is exact in float64; the sum is rounded to float32
+    from there). XLA may or may not contract a multiply and an add itself."""
+    f64 = jnp.float64
+    return (a.astype(f64) * b.astype(f64) + c.astype(f64)).astype(F32)
+
+
 def _narrow(out, avals):
     """Round each output whose node dtype is float16/bfloat16 to it (Nones stand for undefined
     outputs and take no aval, as the executor counts them)."""

@@ -213,7 +213,7 @@ def _interpolate_half(x, output_size, align_corners, scales, taps):
                                    low):
             w = _along(jnp.asarray(w), ax, y.ndim)
             v = _take(y, idx, ax)
-            acc = v * w if acc is None else _fma(v, w, acc)
+            acc = v * w if acc is None else opmath.fma(v, w, acc)
         y = acc
     return opmath.round_to(y, x.dtype)
 
@@ -228,11 +228,6 @@ def _stored_taps(taps, n_in, n_out, align_corners, scale, low):
         w0 = (np.float32(1) - w1).astype(low).astype(np.float32)
         stored = [(i0, w0), (i1, w1)]
     return stored
-
-
-def _fma(a, b, c):
-    f64 = jnp.float64
-    return (a.astype(f64) * b.astype(f64) + c.astype(f64)).astype(jnp.float32)
 
 
 def _interp_rules(op, op_bw, taps):
