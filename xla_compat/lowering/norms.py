@@ -168,8 +168,8 @@ def _half_normalize(x, mean, invstd, weight, bias):
 def _train(x, weight, bias, eps, stats_dtype):
     """(out, save_mean, save_invstd, var_sum, n); for a float16/bfloat16 input see _HalfStats."""
     if x.dtype in opmath.LOW:
-        h = _HalfStats(x, stats_dtype)
-        return (h.normalize(x, weight, bias, eps), h.mean, h.invstd(eps), h.var_sum, h.n)
+        h = _HalfStats(x, stats_dtype, eps)
+        return h.normalize(x, weight, bias), h.mean, h.invstd, h.var_sum, h.n
     mean, var_sum, n = _batch_stats(x)
     invstd = lax.rsqrt(var_sum / n + eps)
     return _normalize(x, mean, invstd, weight, bias), mean, invstd, var_sum, n
@@ -195,7 +195,7 @@ class _HalfStats:
     in another order do). Before, float32 statistics rounded once had ~16% of bfloat16
     channels' invstd and a quarter of the half outputs off by a rounding."""
 
-    def __init__(self, x, stats_dtype):
+    def __init__(self, x, stats_dtype, eps):
         self.dtype = np.dtype(stats_dtype)
         self.rounded = self.dtype == np.dtype(jnp.bfloat16)
         axes = (0,) + tuple(range(2, x.ndim))
@@ -204,6 +204,9 @@ class _HalfStats:
         mean = jnp.sum(xf, axis=axes) / jnp.float32(self.n)
         var_sum = jnp.sum(jnp.square(xf - _channel(mean, x.ndim)), axis=axes)
         self.mean, self.var_sum = self._store(mean), self._store(var_sum)
+        var = self.divided(self.n)
+        self.invstd = self._store(
+            (1.0 / jnp.sqrt(var.astype(jnp.float64) + eps)).astype(jnp.float32))
 
     def _store(self, v):
         """``v`` (float32) as the kernel keeps it, as float32."""
@@ -217,12 +220,8 @@ class _HalfStats:
         """``var_sum / k`` (a bfloat16 var_sum divides by ``k`` made a bfloat16)."""
         return self._store(self.var_sum / self._half(k))
 
-    def invstd(self, eps):
-        var = self.divided(self.n)
-        return self._store((1.0 / jnp.sqrt(var.astype(jnp.float64) + eps)).astype(jnp.float32))
-
-    def normalize(self, x, weight, bias, eps):
-        inv, mean = self.invstd(eps), self.mean
+    def normalize(self, x, weight, bias):
+        inv, mean = self.invstd, self.mean
         if self.dtype in opmath.LOW:          # (read back as stored)
             inv, mean = (opmath.round_to(v, self.dtype).astype(jnp.float32) for v in (inv, mean))
         return _half_normalize(x, mean, inv, weight, bias)
@@ -254,11 +253,10 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training, 
                                            eps, aval=aval[:3])
         return out, m, s, running_mean, running_var
     if x.dtype in opmath.LOW:
-        h = _HalfStats(x, aval[1].dtype)
-        invstd = h.invstd(eps)
+        h = _HalfStats(x, aval[1].dtype, eps)
         new_mean, new_var = h.running(momentum, running_mean, running_var)
-        return (h.normalize(x, weight, bias, eps), h.mean.astype(h.dtype),
-                invstd.astype(h.dtype), new_mean, new_var)
+        return (h.normalize(x, weight, bias), h.mean.astype(h.dtype), h.invstd.astype(h.dtype),
+                new_mean, new_var)
     out, mean, invstd, var_sum, n = _train(x, weight, bias, eps, aval[1].dtype)
     unbiased = var_sum / (n - 1)   # running_var tracks the unbiased variance, as in eager
     new_mean = momentum * mean.astype(running_mean.dtype) + (1 - momentum) * running_mean
