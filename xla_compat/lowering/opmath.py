@@ -87,7 +87,7 @@ _OWN_ROUNDING = frozenset({
     "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
     "_native_batch_norm_legit_no_training", "_batch_norm_with_update_functional",
     "_batch_norm_no_update",
-    # upsampling: weights stored in the half dtype (resample._interpolate_half; bilinear 2-d
+    # upsampling: weights stored in the half dtype (resample._interpolate; bilinear 2-d
     # takes another kernel, whose float32 weights WIDEN gives)
     "upsample_linear1d", "upsample_trilinear3d", "upsample_bicubic2d",
 })

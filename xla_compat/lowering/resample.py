@@ -178,44 +178,29 @@ def _keys_cubic(x, t, a=-0.5):
 
 
 def _interpolate(x, output_size, align_corners, scales, taps):
-    if x.dtype in opmath.LOW:
-        return _interpolate_half(x, output_size, align_corners, scales, taps)
+    """Separable interpolation, last dim first (eager nests it the same way, and the rounding
+    follows it). A float16/bfloat16 input (these ops' opmath rule leaves its roundings here) is
+    computed as eager's generic kernel does it: each dim's weights computed in float32 and
+    stored in the input's dtype (``_stored_taps``), the taps accumulated in float32 as its
+    compiled code does (the first product, then a fused multiply-add per further tap), and the
+    result rounded once."""
     n = len(output_size)
     scales = list(scales) + [None] * (n - len(scales))
-    t = _opmath(x.dtype)
-    y = x.astype(acc_dtype(x.dtype))
-    # Last dim first: eager nests the interpolation the same way (rounding follows it).
-    for d in reversed(range(n)):
-        n_out, s = output_size[d], scales[d]
-        ax = y.ndim - n + d
-        acc = None
-        for idx, w in taps(y.shape[ax], n_out, align_corners, s, t):
-            term = _take(y, idx, ax) * _along(jnp.asarray(w, y.dtype), ax, y.ndim)
-            acc = term if acc is None else acc + term
-        y = acc
-    return y.astype(x.dtype)
-
-
-def _interpolate_half(x, output_size, align_corners, scales, taps):
-    """A float16/bfloat16 input as eager's generic upsampling kernel computes it (these ops'
-    opmath rule leaves the roundings here): each dim's weights computed in float32 and stored
-    in the input's dtype, the taps accumulated in float32 as its compiled code does (the first
-    product, then a fused multiply-add per further tap), innermost dim first, and the result
-    rounded once."""
-    n = len(output_size)
-    scales = list(scales) + [None] * (n - len(scales))
-    low = np.dtype(x.dtype)
-    y = x.astype(jnp.float32)
+    half = x.dtype in opmath.LOW
+    t = np.float32 if half else _opmath(x.dtype)
+    y = x.astype(jnp.float32 if half else acc_dtype(x.dtype))
     for d in reversed(range(n)):
         ax = y.ndim - n + d
+        args = (y.shape[ax], output_size[d], align_corners, scales[d])
         acc = None
-        for idx, w in _stored_taps(taps, y.shape[ax], output_size[d], align_corners, scales[d],
-                                   low):
-            w = _along(jnp.asarray(w), ax, y.ndim)
-            v = _take(y, idx, ax)
-            acc = v * w if acc is None else opmath.fma(v, w, acc)
+        for idx, w in (_stored_taps(taps, *args, np.dtype(x.dtype)) if half else taps(*args, t)):
+            v, w = _take(y, idx, ax), _along(jnp.asarray(w, y.dtype), ax, y.ndim)
+            if acc is None:
+                acc = v * w
+            else:
+                acc = opmath.fma(v, w, acc) if half else acc + v * w
         y = acc
-    return opmath.round_to(y, x.dtype)
+    return opmath.round_to(y, x.dtype) if half else y.astype(x.dtype)
 
 
 def _stored_taps(taps, n_in, n_out, align_corners, scale, low):
