@@ -20,7 +20,7 @@ from xla_compat.lazy.tensor import DEVICE, LazyTensor, lock
 from xla_compat.lazy.weakreg import WeakRegistry
 
 from .alias import Alias
-from .views import Layout
+from .views import Layout, injective
 
 # Every live LegacyTensor (the executor never sees them; the path's sync hooks walk this).
 _tensors = WeakRegistry()
@@ -95,8 +95,14 @@ class LegacyTensor(LazyTensor):
         if self._alias is None:            # LazyTensor.__new__ setting the initial value
             self._v = value
             return
-        self._gen = self._alias.record(self._chain, value)
+        chain = self._chain
+        self._gen = self._alias.record(chain, value)
         self._v = value
+        if chain and not injective(chain):
+            # Elements of an overlapping view (``expand``) share storage: the write-back kept
+            # only the elements the op changed, so the view now reads them back from the base
+            # (``x.expand(3).index_put_([2], v)`` reads [v, v, v], as eager does).
+            self._gen = -1
 
     def _refresh(self) -> None:
         aval = Aval(tuple(self.shape), _jax.to_jax_dtype(self.dtype))

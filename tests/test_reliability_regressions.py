@@ -476,3 +476,33 @@ def test_in_place_index_op_with_an_operand_sharing_memory_raises_like_eager(path
         write(ref.unsqueeze(-1), ref)
         write(ref.unsqueeze(-1), ref)
     assert_same(d.cpu(), ref)
+
+
+@pytest.mark.filterwarnings("ignore:Use of index_put_ on expanded tensors")
+@pytest.mark.parametrize("write", [
+    lambda v, d: v.index_put_((torch.tensor([2], device=d),), torch.tensor(3, device=d)),
+    lambda v, d: v.index_put_((torch.tensor([0], device=d),), torch.tensor(3, device=d)),
+    lambda v, d: v.masked_fill_(torch.tensor([False, True, False], device=d), 3),
+], ids=["index_put_ of the last element", "index_put_ of the first", "masked_fill_ of one"])
+@pytest.mark.parametrize("read_first", [False, True], ids=["fresh", "read before"])
+def test_an_expanded_view_reads_back_its_shared_element_after_a_write(path, dev, write,
+                                                                      read_first):
+    # Fuzz (session 17, legacy): after a write through an expanded view, the view itself read
+    # the value the op computed ([5, 5, 3]) instead of its storage ([3, 3, 3]): the write-back
+    # keeps only the changed elements, so every element sharing one now holds the new value.
+    def program(t, d):
+        v = t.expand(3)
+        if read_first:
+            v.cpu()
+        write(v, d)
+        return v, t
+    want = program(torch.tensor(5), "cpu")
+    if path == "functional":          # upstream would write the view back as a sum of changes
+        from xla_compat.functional.writes import FunctionalizationLimit
+        base = torch.tensor(5).to(dev)
+        with pytest.raises(FunctionalizationLimit, match="overlap"):
+            program(base, dev)
+        assert base.item() == 5
+        return
+    for got, expected in zip(program(torch.tensor(5).to(dev), dev), want):
+        assert got.cpu().tolist() == expected.tolist()
