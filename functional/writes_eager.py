@@ -226,7 +226,9 @@ def _meta_hook(op, original):
     functional = tracer.mutation_info(op)[2]
 
     def meta_reference(*args, **kwargs):
-        if not _in_meta_reference():
+        if not _in_meta_reference() or getattr(_state, "in_reference", False):
+            # (an op the outer op's meta function runs, as index_fill_'s runs index_copy_: the
+            # outer op's checks are eager's, and eager may allow what the inner op refuses)
             return original(*args, **kwargs)
         _state.pending = None
         self = args[0]
@@ -245,11 +247,14 @@ def _meta_hook(op, original):
         overlapping = torch._debug_has_internal_overlap(self) == 1
         if overlapping:               # eager checks the written tensor before the dtypes
             _overlap_probe(op, args, kwargs)
+        _state.in_reference = True
         try:
             out = original(*args, **kwargs)
         except Exception as e:        # eager's error and words, naming the op
             tracer._reraise(tracer.eager_cast_error(op, _numbers(args), kwargs, e) or e, op,
                             (args, list(kwargs.values())))
+        finally:
+            _state.in_reference = False
         check = tracer._EAGER_CHECKS.get(op)     # eager's checks the meta kernel skips
         if check is not None:
             check(op, tracer.bind(op, args, kwargs))
