@@ -67,13 +67,14 @@ from xla_compat.lowering.views import expanded, surely_distinct
 from xla_compat.write_checks import OutOp, meta_twins as _twins, tensors as _tensors
 
 from . import direct, writes_eager
-from .inner import _HANDLERS, _state, forget_plans, handles
+from .inner import _HANDLERS, FunctionalInner, _state, forget_plans, handles
 from .strides import storage_extent
 
 aten = torch.ops.aten
 _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
 _NO_SUBCLASS_FUNCTIONS = torch._C.DisableTorchFunctionSubclass
 _is_functional = torch._is_functional_tensor
+_from = torch._from_functional_tensor
 _CACHE_LIMIT = write_checks.CACHE_LIMIT
 _AUTOGRAD_OUT = "don't support automatic differentiation"
 # The functional path's device tensors: wrappers, sharing memory as their storages say.
@@ -96,14 +97,72 @@ def _kernel(spec: OutOp):
                 out = out[0] if out else None
             if out is not None and _is_functional(out):
                 write_checks.check_out(spec, args, kwargs, STORAGES)
-                if len(spec.outs) == 1 and out._base is not None and _through_unfold(out):
+                if len(spec.outs) == 1 and out._base is not None:
                     done = _out_through_copy(op, first, out, args, kwargs)
                     if done is not None:
                         return done
+            if out is None or not _is_functional(out):
+                with _BELOW_AUTOGRAD():
+                    return op(*args, **kwargs)
+            before = (tuple(out.shape), out.stride(), out.storage_offset())
             with _BELOW_AUTOGRAD():
-                return op(*args, **kwargs)
+                result = op(*args, **kwargs)
+            if len(spec.outs) == 1:
+                _keep_layout(out, before)
+            return result
     out_kernel.__name__ = f"checked_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return out_kernel
+
+
+def _keep_layout(out, before) -> None:
+    """Eager writes an out= result into an out tensor of the result's shape without touching
+    its strides or storage offset; upstream's kernel gives the wrapper the functional result's
+    (``replace_``), contiguous for most ops. Where they moved, the wrapper takes back its own:
+    the same inner value, laid out as before, committed again (the base regenerates from its
+    newest update, whose layout its views' strides then follow: ``x.mT`` written by out= left
+    ``x.expand(...)`` with the strides of a transposed x)."""
+    shape, stride, offset = before
+    if tuple(out.shape) != shape or (out.stride() == stride and out.storage_offset() == offset):
+        return                        # resized (eager lays a resized out afresh), or unmoved
+    inner = _from(out)
+    if type(inner) is not FunctionalInner:
+        return
+    fixed = FunctionalInner(inner._value, shape, out.dtype, stride, offset)
+    fixed._geo = (shape, stride, out.dtype, offset)
+    torch._functionalize_replace(out, fixed)
+    torch._functionalize_commit_update(out)
+
+
+def _out_through_copy(op, name, out, args, kwargs):
+    """``op(..., out=view)`` as eager writes it: the result into a fresh tensor, then copied into
+    the view. A copy keeps the view's layout (upstream's out= kernel would give it the result's,
+    and its base a layout taken back through the view's steps) and reads the view, so the
+    write-back of a view through ``unfold`` keeps the elements between the windows and eager's
+    order for shared ones (upstream writes such a view back from its new value alone).
+
+    Where the result is not the view's shape, eager resizes the view within its storage: None
+    (upstream's kernel runs) for an empty view or one through slices only (``eager_resize``
+    writes it back as eager does); any other view raises, as the functional path cannot give a
+    view new view steps."""
+    fresh = torch.empty(0, dtype=out.dtype, device=out.device)
+    with _BELOW_AUTOGRAD(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")        # (resizing an empty out= tensor: no warning)
+        op(*args, **{**kwargs, name: fresh})
+    if tuple(fresh.shape) == tuple(out.shape):
+        with _BELOW_AUTOGRAD():
+            out.copy_(fresh)
+        return out
+    from torch._C._functionalization import get_view_meta_sequence
+    if out.numel() == 0 or all(type(m).__name__ == "slice_Tensor_ViewMeta"
+                               for m in get_view_meta_sequence(out)):
+        return None
+    from .writes import FunctionalizationLimit
+    raise FunctionalizationLimit(
+        f"xla_compat: {op} would resize its out= tensor, a view of shape {list(out.shape)} "
+        f"(strides {list(out.stride())}), to the result's shape {list(fresh.shape)}. Eager "
+        f"resizes such a view within its storage (deprecated in PyTorch); the functional path "
+        f"cannot give a view another shape through its view steps and refuses it. Pass an out "
+        f"tensor of shape {list(fresh.shape)}, or out.resize_(0) first. Nothing was written.")
 
 
 def _through_unfold(t) -> bool:
@@ -112,21 +171,6 @@ def _through_unfold(t) -> bool:
     windows nor eager's order for shared ones unless the new value read the view."""
     from torch._C._functionalization import get_view_meta_sequence
     return any(type(m).__name__ == "unfold_ViewMeta" for m in get_view_meta_sequence(t))
-
-
-def _out_through_copy(op, name, out, args, kwargs):
-    """``op(..., out=view)`` as eager writes it: the result into a fresh tensor, then copied into
-    the view (a copy reads the view, so its write-back keeps every element the result does not
-    write). None where the result is not the view's shape (eager would resize the view)."""
-    fresh = torch.empty(0, dtype=out.dtype, device=out.device)
-    with _BELOW_AUTOGRAD(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")        # (resizing an empty out= tensor: no warning)
-        op(*args, **{**kwargs, name: fresh})
-    if tuple(fresh.shape) != tuple(out.shape):
-        return None
-    with _BELOW_AUTOGRAD():
-        out.copy_(fresh)
-    return out
 
 
 def _requires_grad(args) -> bool:

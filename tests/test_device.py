@@ -39,6 +39,31 @@ def test_factories_match_cpu(path, dev, make):
     assert_same(make(dev), make("cpu"), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("make", [
+    lambda d: torch.empty_strided((4, 3, 4), (12, 1, 3), device=d),
+    lambda d: torch.empty(2, 3, 4, 5, memory_format=torch.channels_last, device=d),
+    lambda d: torch.empty(2, 3, 2, 4, 5, memory_format=torch.channels_last_3d, device=d),
+    lambda d: torch.empty_like(torch.empty(2, 3, 4, 5, device=d).permute(0, 2, 3, 1)),
+    lambda d: torch.zeros(2, 3, 4, 1, device=d).to(memory_format=torch.channels_last),
+    lambda d: torch.empty_strided((2, 1, 3), (3, 7, 1), device=d),
+], ids=["empty_strided permuted", "channels_last", "channels_last_3d", "empty_like permuted",
+        "to channels_last", "size-1 dim's stride"])
+def test_factories_lay_out_dense_strides_as_eager(path, dev, make):
+    got, want = make(dev), make("cpu")
+    assert got.stride() == want.stride()
+    # the layout is what later views and out= writes see
+    out = torch.add(torch.ones(got.shape, device=dev), 2, out=got)
+    assert out.stride() == want.stride() and torch.equal(got.cpu(), torch.full(want.shape, 3.))
+    assert got.permute(*reversed(range(got.dim()))).stride() == \
+        want.permute(*reversed(range(want.dim()))).stride()
+
+
+def test_empty_strided_with_gaps_is_laid_out_contiguously(path, dev):
+    # A device tensor's storage is its elements: a layout with gaps is not held (documented).
+    t = torch.empty_strided((2, 2), (4, 1), device=dev)
+    assert t.stride() == (2, 1) and t.fill_(1).cpu().sum().item() == 4
+
+
 def test_random_factories_have_right_shape_dtype_and_range(path, dev):
     r = torch.rand(1000, device=dev).cpu()
     assert r.shape == (1000,) and r.dtype == torch.float32

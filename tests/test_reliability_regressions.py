@@ -510,3 +510,27 @@ def test_an_expanded_view_reads_back_its_shared_element_after_a_write(path, dev,
         return
     for got, expected in zip(program(torch.tensor(5).to(dev), dev), want):
         assert got.cpu().tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("program", [
+    lambda t, d: torch.add(t.mT, 2, out=torch.zeros(4, 3, 4, device=d)),
+    lambda t, d: torch.add(torch.ones(4, 3, 4, device=d), 2, out=t.mT),
+    lambda t, d: torch.mm(torch.ones(3, 2, device=d), torch.ones(2, 4, device=d),
+                          out=t[0].t()),
+    lambda t, d: torch.mm(torch.ones(4, 2, device=d), torch.ones(2, 3, device=d),
+                          out=torch.zeros(3, 4, device=d).t()),
+    lambda t, d: torch.sum(torch.ones(3, 4, 5, device=d), -1, out=t[1].mT),
+    lambda t, d: torch.mul(torch.ones(2, 4, device=d), 3, out=t[:, :, 1:].mT[2]),
+], ids=["contiguous out of a transposed input", "transposed out", "mm into t()",
+        "mm into a fresh t()", "sum into mT", "mul into a strided slice"])
+def test_an_out_tensor_keeps_its_layout_and_its_base_too(path, dev, program):
+    # Fuzz (session 17, functional): upstream's out= kernel gives the out wrapper the layout of
+    # the functional result (contiguous), where eager keeps out's; through a view, the base's
+    # later views took strides as if the base were transposed.
+    def run(d):
+        t = torch.arange(48.).reshape(4, 4, 3).to(d)
+        out = program(t, d)
+        return out, t, t.expand(1, 4, 4, 3), t.mT, t[1:3]
+    for got, want in zip(run(dev), run("cpu")):
+        assert got.stride() == want.stride() and got.storage_offset() == want.storage_offset()
+        assert torch.equal(got.cpu(), want)

@@ -35,15 +35,46 @@ def set_factory_provider(fn) -> None:
     _factory_provider = fn
 
 
-def new_empty(size, dtype) -> torch.Tensor:
-    """A fresh device tensor of ``size`` (zero-filled: uninitialised memory reads as zeros)."""
+def new_empty(size, dtype, strides=None) -> torch.Tensor:
+    """A fresh device tensor of ``size`` (zero-filled: uninitialised memory reads as zeros),
+    laid out with ``strides`` (a dense layout, ``dense_strides``) or contiguously."""
     autograd_thread.claim()
     dtype = dtype or torch.get_default_dtype()
     size = tuple(int(s) for s in size)
     aval = Aval(size, _jax.to_jax_dtype(dtype))
     node = Node("empty", _EmptyRule(aval), (), (), (), (aval,))
     cls, wrap = _factory_provider()
-    return wrap(cls(Value(node, 0), size, dtype))
+    if strides is None:
+        return wrap(cls(Value(node, 0), size, dtype))
+    return wrap(cls(Value(node, 0), size, dtype, strides, 0))
+
+
+def dense_strides(size, stride):
+    """``stride`` where it lays ``size`` out densely without overlap in another order than the
+    contiguous one (``empty_strided`` of a permuted layout, ``channels_last``), which a device
+    tensor keeps as eager does; None for the contiguous layout and for layouts with gaps or
+    overlap, which device tensors do not hold (their storage is their elements: contiguous)."""
+    size, stride = tuple(int(n) for n in size), tuple(int(s) for s in stride)
+    if len(size) != len(stride) or any(n == 0 for n in size):
+        return None
+    expected, dims = 1, sorted((s, n) for n, s in zip(size, stride) if n != 1)
+    for s, n in dims:
+        if s != expected:
+            return None
+        expected *= n
+    contiguous, ok = 1, True
+    for n, s in zip(reversed(size), reversed(stride)):
+        ok = ok and (n == 1 or s == contiguous)
+        contiguous *= n
+    return None if ok and stride == _contiguous(size) else stride
+
+
+def _contiguous(size) -> tuple:
+    strides, step = [], 1
+    for n in reversed(size):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 class _EmptyRule:
@@ -74,12 +105,15 @@ def _check_device(device):
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None,
                          memory_format=None):
     _check_device(device)
+    if memory_format in (torch.channels_last, torch.channels_last_3d):
+        stride = torch.empty(size, memory_format=memory_format, device="meta").stride()
+        return new_empty(size, dtype, dense_strides(size, stride))
     return new_empty(size, dtype)
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     _check_device(device)
-    return new_empty(size, dtype)
+    return new_empty(size, dtype, dense_strides(size, stride))
 
 
 def register() -> None:

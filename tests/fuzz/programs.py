@@ -129,8 +129,12 @@ def draw_view(draw, name, t):
         if t.shape[0] > 0:
             kinds += ["select", "unbind"]
     if n >= 2:
-        kinds += ["transpose", "permute", "t", "diagonal"]
+        kinds += ["transpose", "permute", "t", "diagonal", "relaid"]
     kind = draw(st.sampled_from(kinds))
+    if kind == "relaid":            # not a view: a copy laid out in another order (strides)
+        p = tuple(draw(st.permutations(range(n))))
+        inverse = tuple(sorted(range(n), key=p.__getitem__))
+        return f"{name}.permute({p}).contiguous().permute({inverse})"
     if kind == "unsqueeze":
         return f"{name}.unsqueeze({_ints(draw, -n - 1, n)})"
     if kind == "alias":
@@ -226,7 +230,7 @@ def draw_write(draw, name, t, others):
     kinds = ["add_", "mul_", "fill_", "zero_", "copy_", "clamp_", "masked_fill_", "setitem",
              "out_add", "out_mul", "add_tensor"]
     if t.dim() >= 1 and t.shape[0] > 0:
-        kinds.append("index_put_")
+        kinds += ["index_put_", "index_fill_"]
     kind = draw(st.sampled_from(kinds))
     num = draw(st.sampled_from(["2", "-1", "0.5", "3"]))
     if kind == "add_":
@@ -253,6 +257,10 @@ def draw_write(draw, name, t, others):
             rows = list(dict.fromkeys(r % t.shape[0] for r in rows))
         return (f"{name}.index_put_((torch.tensor({rows}, device=dev),), "
                 f"torch.tensor({num}, dtype={name}.dtype, device=dev), accumulate={acc})")
+    if kind == "index_fill_":
+        rows = list(dict.fromkeys(r % t.shape[0] for r in draw(
+            st.lists(st.integers(-t.shape[0], t.shape[0] - 1), min_size=1, max_size=3))))
+        return f"{name}.index_fill_(0, torch.tensor({rows}, device=dev), {num})"
     src = _source(draw, t, others, exact=kind.startswith("out_"))
     if kind == "copy_":
         return f"{name}.copy_({src})"
