@@ -43,8 +43,6 @@ KNOWN = (
      "values it needs are no longer in the graph)"),
     ("functional", re.compile(r"setStorage: .*nothing was raised"),
      "functional: as_strided beyond the storage is not rejected"),
-    ("functional", re.compile(r"^functional path, [^:]+: strides"),
-     "functional: strides of a tensor after a write through a transposed view"),
 )
 
 
