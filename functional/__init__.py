@@ -27,6 +27,7 @@ from . import writes_eager as _writes_eager
 from . import eager_resize as _eager_resize
 from . import checks as _checks
 from . import direct as _direct
+from . import shared_writes as _shared_writes
 
 VERSION = "1"
 
@@ -44,6 +45,7 @@ _writes_eager.install()
 _eager_resize.install()
 _checks.install()
 _direct.install()
+_shared_writes.install()
 _paths.register(IMPL)
 _executor.register_rebinder(_after_sync)
 _executor.register_failure_hook(_roll_back)

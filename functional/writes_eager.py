@@ -258,7 +258,8 @@ def _meta_hook(op, original):
         check = tracer._EAGER_CHECKS.get(op)     # eager's checks the meta kernel skips
         if check is not None:
             check(op, tracer.bind(op, args, kwargs))
-        if overlapping and not _sums_changes(op, args, kwargs):
+        if (overlapping and not _sums_changes(op, args, kwargs)
+                and not getattr(_state, "shared_ok", False)):
             from .writes import FunctionalizationLimit
             raise FunctionalizationLimit(   # eager allows it; upstream would sum the writes
                 f"xla_compat: {op} writes into a view whose elements overlap (size "
@@ -266,12 +267,19 @@ def _meta_hook(op, original):
                 f"writes the shared elements once; functionalization writes such a view back "
                 f"as the sum of every element's change, which is wrong, so the functional "
                 f"path refuses it. Write into the base tensor instead, or .clone() the view.")
-        if key is not None and out is self:
+        if key is not None and out is self and not overlapping:
+            # (an overlapping write passes only where shared_writes takes it: not remembered)
             tracer.keep(_PASSED, key, True, 4096)
         if functional is not None:    # (the meta twin has the strides, not the offset)
             _state.pending = (functional, tuple(self.shape), self.dtype, tuple(self.stride()))
         return out
     return meta_reference
+
+
+def allow_shared_writes(on: bool) -> None:
+    """While on, a meta reference lets a write into a view whose elements overlap pass (the
+    caller, ``shared_writes``, writes it as eager does); eager's other checks still run."""
+    _state.shared_ok = on
 
 
 def _keep_written_layout(next_handler):

@@ -83,18 +83,12 @@ def test_more_writes_to_an_expanded_view_raise_like_eager(path, dev, write):
     assert base.item() == 1.0
 
 
-def test_a_fill_of_an_expanded_view_is_eager_or_a_clear_error(path, dev):
+def test_a_fill_of_an_expanded_view_writes_the_shared_element_once(path, dev):
     # Eager allows fill_ on an expanded view (the shared element is written once). Upstream
     # functionalization would write it back as the sum of the three changes (base 4, not 2).
     base = torch.tensor([1.]).to(dev)
-    if path == "functional":
-        from xla_compat.functional.writes import FunctionalizationLimit
-        with pytest.raises(FunctionalizationLimit, match="clone"):
-            base.expand(3).fill_(2.0)
-        assert base.item() == 1.0
-    else:
-        base.expand(3).fill_(2.0)
-        assert base.item() == 2.0
+    base.expand(3).fill_(2.0)
+    assert base.item() == 2.0
 
 
 @pytest.mark.parametrize("write", [
@@ -251,18 +245,13 @@ _EXPANDED_WRITES = {
 def test_writes_eager_allows_into_an_expanded_view(path, dev, write):
     # Fuzz (Dec 2, 20k run): legacy wrote the whole view back, so the unwritten rows' copies
     # (old values) overwrote the written ones; now only changed elements count. Upstream
-    # functionalization would sum every copy's change: the functional path refuses instead.
+    # functionalization would sum every copy's change; the functional path refused, and since
+    # session 17 writes the changed elements on the root (functional/shared_writes.py).
     cpu = torch.arange(2.)
     _EXPANDED_WRITES[write](cpu)
     t = torch.arange(2.).to(dev)
-    if path == "functional":
-        from xla_compat.functional.writes import FunctionalizationLimit
-        with pytest.raises(FunctionalizationLimit):
-            _EXPANDED_WRITES[write](t)
-        assert torch.equal(t.cpu(), torch.arange(2.))
-    else:
-        _EXPANDED_WRITES[write](t)
-        assert torch.equal(t.cpu(), cpu)
+    _EXPANDED_WRITES[write](t)
+    assert torch.equal(t.cpu(), cpu)
 
 
 def test_to_dtype_of_a_device_tensor_stays_on_its_path(path, dev):
@@ -492,8 +481,8 @@ def test_an_expanded_view_reads_back_its_shared_element_after_a_write(path, dev,
     # Fuzz (session 17, legacy): after a write through an expanded view, the view itself read
     # the value the op computed ([5, 5, 3]) instead of its storage ([3, 3, 3]): the write-back
     # keeps only the changed elements, so every element sharing one now holds the new value.
-    # Functional refuses such writes; index_fill_ used to raise index_copy_'s eager refusal
-    # (its meta function runs index_copy_, which eager refuses there) instead of that limit.
+    # (Functional: index_fill_ used to raise index_copy_'s eager refusal, its meta function
+    # running index_copy_, where eager allows it.)
     def program(t, d):
         v = t.expand(3)
         if read_first:
@@ -501,13 +490,6 @@ def test_an_expanded_view_reads_back_its_shared_element_after_a_write(path, dev,
         write(v, d)
         return v, t
     want = program(torch.tensor(5), "cpu")
-    if path == "functional":          # upstream would write the view back as a sum of changes
-        from xla_compat.functional.writes import FunctionalizationLimit
-        base = torch.tensor(5).to(dev)
-        with pytest.raises(FunctionalizationLimit, match="overlap"):
-            program(base, dev)
-        assert base.item() == 5
-        return
     for got, expected in zip(program(torch.tensor(5).to(dev), dev), want):
         assert got.cpu().tolist() == expected.tolist()
 

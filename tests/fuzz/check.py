@@ -28,8 +28,9 @@ KNOWN = (
      "functional: write through as_strided of a view (upstream functionalization limit)"),
     ("functional", re.compile(r"FunctionalizationLimit: .*writes into a view whose elements "
                               r"overlap"),
-     "functional: a write eager allows into an expanded view (fill_, masked_fill_, ...) is "
-     "refused (upstream would write it back as the sum of the changes)"),
+     "functional: a write eager allows into a view of shared elements (expand) is refused where "
+     "the storage is not plain (a permuted root) or an index_put_ writes several values "
+     "(functional/shared_writes.py takes the rest)"),
     ("functional", re.compile(r"setStorage: .*out of bounds for the \d+ elements of the tensor "
                               r"as_strided was called on|as_strided reaches storage element \d+, "
                               r"which lies outside the tensor it was called on"),

@@ -214,10 +214,21 @@ def write_positions(flat, idx, vals, overlapping=None):
     if not overlapping:
         return flat.at[idx].set(vals)
     kind = jnp.int32 if flat.size < 2 ** 31 else jnp.int64
-    changed = vals != flat[idx]
+    changed = differs(vals, flat[idx])
     order = jnp.arange(idx.size, dtype=kind)
     last = jnp.full(flat.shape, -1, kind).at[idx].max(jnp.where(changed, order, -1))
     return jnp.where(last >= 0, vals[jnp.clip(last, 0, idx.size - 1)], flat)
+
+
+def differs(a, b):
+    """Elementwise: do ``a`` and ``b`` hold different bit patterns? (A write of 0.0 over -0.0
+    changes the element; a NaN over the same NaN does not.)"""
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        return differs(jnp.real(a), jnp.real(b)) | differs(jnp.imag(a), jnp.imag(b))
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[a.dtype.itemsize]
+        return lax.bitcast_convert_type(a, bits) != lax.bitcast_convert_type(b, bits)
+    return a != b
 
 
 def dense_box(shape, size, stride, offset):
