@@ -516,3 +516,23 @@ def test_an_out_tensor_keeps_its_layout_and_its_base_too(path, dev, program):
     for got, want in zip(run(dev), run("cpu")):
         assert got.stride() == want.stride() and got.storage_offset() == want.storage_offset()
         assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("src", [
+    lambda: torch.arange(6.).reshape(2, 3),
+    lambda: torch.arange(6).reshape(2, 3),
+    lambda: torch.arange(3.),
+    lambda: torch.tensor(4.),
+], ids=["same dtype", "another dtype", "broadcast", "0-dim"])
+def test_a_copy_from_the_host_keeps_the_written_tensors_layout(path, dev, src):
+    # Session 17 (functional): upstream's copy_ kernel gave the written view the layout of the
+    # host tensor it copied, and the base then regenerated with it.
+    def program(x):
+        w = x.t()
+        w.copy_(src())
+        r = torch.empty_strided((2, 3), (1, 2), device=x.device)
+        r.copy_(src())
+        return w, x, x[1:], x.expand(2, 3, 2), r
+    for got, want in zip(program(torch.zeros(3, 2).to(dev)), program(torch.zeros(3, 2))):
+        assert got.stride() == want.stride()
+        assert torch.equal(got.cpu(), want)
