@@ -50,6 +50,7 @@ from xla_compat.lowering.views import surely_distinct
 
 from . import viewchain
 from .inner import FunctionalInner
+from .overrides import override
 from .strides import meta_like
 
 aten = torch.ops.aten
@@ -461,7 +462,5 @@ def install() -> None:
     if _lib is not None:
         return
     _lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():   # "overriding a previously registered kernel": meant
-        warnings.simplefilter("ignore")
-        for op, functional in _IN_PLACE.items():
-            _lib.impl(op, _kernel(op, functional), "Functionalize", with_keyset=True)
+    for op, functional in _IN_PLACE.items():
+        override(_lib, op, _kernel(op, functional), "Functionalize", with_keyset=True)

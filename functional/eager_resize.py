@@ -14,7 +14,6 @@ storage elements from the slice's first one (``lowering/views.py: slice_scatter`
 """
 from __future__ import annotations
 
-import warnings
 
 import torch
 from torch._decomp import global_decomposition_table
@@ -23,6 +22,7 @@ from xla_compat.lazy import tracer
 from xla_compat.lazy.tensor import LazyTensor
 
 from .inner import forget_plans, handles
+from .overrides import override
 from .writes_eager import _in_meta_reference
 
 aten = torch.ops.aten
@@ -79,6 +79,4 @@ def install() -> None:
     if original is None:
         return
     _lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():   # "overriding a previously registered kernel": meant
-        warnings.simplefilter("ignore")
-        _lib.impl(aten.addbmm_.default, _addbmm_meta(original), "Meta")
+    override(_lib, aten.addbmm_.default, _addbmm_meta(original), "Meta")

@@ -36,6 +36,7 @@ from xla_compat.lowering.views import strided_index, write_positions
 from . import direct, viewchain, writes_eager
 from .boundary import _view_base
 from .inner import FunctionalInner
+from .overrides import override
 from .writes import Gather
 
 aten = torch.ops.aten
@@ -183,9 +184,7 @@ def install() -> None:
     if _lib is not None:
         return
     _lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():   # "overriding a previously registered kernel": meant
-        warnings.simplefilter("ignore")
-        for op in OPS:
-            upstream = torch.library.get_kernel(op, "Functionalize")
-            _lib.impl(op, _kernel(op, tracer.mutation_info(op)[2], upstream), "Functionalize",
-                      with_keyset=True)
+    for op in OPS:
+        upstream = torch.library.get_kernel(op, "Functionalize")
+        override(_lib, op, _kernel(op, tracer.mutation_info(op)[2], upstream), "Functionalize",
+                 with_keyset=True)

@@ -27,7 +27,6 @@ wrapper's inner tensor, so the inner tensor never sees the original op. Where it
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
 from torch._decomp import global_decomposition_table
@@ -39,6 +38,7 @@ from xla_compat.lazy.ir import Slot
 from xla_compat.lazy.tensor import LazyTensor
 
 from .inner import _HANDLERS, _state, forget_plans, handles
+from .overrides import override
 from .strides import view_op_of
 
 aten = torch.ops.aten
@@ -358,9 +358,7 @@ def install() -> None:
         original = meta_kernels.get(op)
         if original is None:
             continue
-        with warnings.catch_warnings():   # "overriding a previously registered kernel": meant
-            warnings.simplefilter("ignore")
-            _lib.impl(op, _meta_hook(op, original), "Meta")
+        override(_lib, op, _meta_hook(op, original), "Meta")
         functional = tracer.mutation_info(op)[2]
         if functional is not None:
             handles(functional)(_keep_written_layout(_HANDLERS.get(functional)))

@@ -62,19 +62,8 @@ def dense_strides(size, stride):
         if s != expected:
             return None
         expected *= n
-    contiguous, ok = 1, True
-    for n, s in zip(reversed(size), reversed(stride)):
-        ok = ok and (n == 1 or s == contiguous)
-        contiguous *= n
-    return None if ok and stride == _contiguous(size) else stride
-
-
-def _contiguous(size) -> tuple:
-    strides, step = [], 1
-    for n in reversed(size):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
+    from .lowering.views import contiguous_strides
+    return None if stride == contiguous_strides(size) else stride
 
 
 class _EmptyRule:
