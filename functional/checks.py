@@ -264,13 +264,6 @@ def _copy_functionalize(keyset, self, src, non_blocking=False):
     eager's storage. (copy_'s ``src`` is always a tensor, so upstream's kernel is called boxed.)
     A copy of the same elements (``x[i] += 1`` stores its view back) changes nothing: eager
     returns before any check there, and so does this kernel."""
-    if not _is_functional(src) and _is_functional(self):
-        # A host source: upstream's kernel gives ``self`` the layout of the copy it makes of it
-        # (``w = x.t(); w.copy_(host)`` made w's strides contiguous); ``self`` takes its own back.
-        before = (tuple(self.shape), self.stride(), self.storage_offset())
-        _copy_upstream.call_boxed(keyset, self, src, non_blocking)
-        _keep_layout(self, before)
-        return self
     done = direct.planned_copy(self, src)     # a memo of this path's verdict, where it holds
     if done is not None:
         return done
@@ -283,6 +276,13 @@ def _copy_functionalize(keyset, self, src, non_blocking=False):
         # eager's internal-overlap check of the written tensor (an expanded view)
         raise RuntimeError(f"{write_checks._INTERNAL_OVERLAP}\n  (xla_compat: raised by "
                            f"aten.copy_ on the functional path; nothing was written)")
+    if not _is_functional(src) and _is_functional(self):
+        # A host source: upstream's kernel gives ``self`` the layout of the copy it makes of it
+        # (``w = x.t(); w.copy_(host)`` made w's strides contiguous); ``self`` takes its own back.
+        before = (tuple(self.shape), self.stride(), self.storage_offset())
+        _copy_upstream.call_boxed(keyset, self, src, non_blocking)
+        _keep_layout(self, before)
+        return self
     if (type(src) is torch.Tensor and _is_functional(src) and _is_functional(self)
             and src.shape == self.shape and src.dtype == self.dtype and src.device == self.device
             and _distinct(self)):

@@ -536,3 +536,26 @@ def test_a_copy_from_the_host_keeps_the_written_tensors_layout(path, dev, src):
     for got, want in zip(program(torch.zeros(3, 2).to(dev)), program(torch.zeros(3, 2))):
         assert got.stride() == want.stride()
         assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="open (both paths): a reduction's out= into an expanded view is "
+                          "refused with eager's internal-overlap error (out= is written through "
+                          "copy_, which eager refuses there); eager writes it, the last element "
+                          "winning")
+def test_a_reductions_out_into_an_expanded_view_is_written_like_eager(path, dev):
+    # Fuzz (session 17, the out_sum kind): eager's reductions skip the internal-overlap check.
+    def program(t, d):
+        torch.sum(torch.arange(4.).reshape(2, 2).to(d), -1, out=t.expand(2))
+        return t
+    want = program(torch.tensor(3.), "cpu")
+    assert_same(program(torch.tensor(3.).to(dev), dev), want)
+
+
+def test_a_copy_from_the_host_into_an_expanded_view_raises_like_eager(path, dev):
+    # Fuzz (session 17, the copy_host kind): the functional host-copy route ran before the
+    # internal-overlap check and wrote the view.
+    t = torch.tensor(3.).to(dev)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to"):
+        t.expand(2).copy_(torch.arange(2.))
+    assert t.item() == 3.0

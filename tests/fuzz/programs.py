@@ -228,7 +228,7 @@ def _fresh(t, draw, exact=False) -> str:
 def draw_write(draw, name, t, others):
     """Source of an in-place or out= write into ``t`` (``others``: (name, tensor) pairs)."""
     kinds = ["add_", "mul_", "fill_", "zero_", "copy_", "clamp_", "masked_fill_", "setitem",
-             "out_add", "out_mul", "add_tensor"]
+             "out_add", "out_mul", "add_tensor", "copy_host", "out_sum"]
     if t.dim() >= 1 and t.shape[0] > 0:
         kinds += ["index_put_", "index_fill_"]
     kind = draw(st.sampled_from(kinds))
@@ -261,6 +261,16 @@ def draw_write(draw, name, t, others):
         rows = list(dict.fromkeys(r % t.shape[0] for r in draw(
             st.lists(st.integers(-t.shape[0], t.shape[0] - 1), min_size=1, max_size=3))))
         return f"{name}.index_fill_(0, torch.tensor({rows}, device=dev), {num})"
+    if kind == "copy_host":         # from a host tensor (its layout must not become t's)
+        return f"{name}.copy_({_fresh(t, draw).replace(', device=dev', '')})"
+    if kind == "out_sum":           # a reduction's result into t (keeps t's layout)
+        dtype = str(t.dtype).replace("torch.", "")
+        shape = (*t.shape, 2)
+        n = 1
+        for s in shape:
+            n *= s
+        return (f"torch.sum(torch.arange({n}, dtype=torch.{dtype}, device=dev)"
+                f".reshape({shape}), -1, out={name})")
     src = _source(draw, t, others, exact=kind.startswith("out_"))
     if kind == "copy_":
         return f"{name}.copy_({src})"
