@@ -559,3 +559,18 @@ def test_a_copy_from_the_host_into_an_expanded_view_raises_like_eager(path, dev)
     with pytest.raises(RuntimeError, match="more than one element of the written-to"):
         t.expand(2).copy_(torch.arange(2.))
     assert t.item() == 3.0
+
+
+@pytest.mark.xfail(strict=True, reason="open (both paths): an out= op whose out is its own "
+                                        "overlapping input is written once per element, where "
+                                        "eager's walk compounds")
+def test_an_out_into_an_overlapping_unfold_view_that_is_its_input_compounds_like_eager(path, dev):
+    # Fuzz (session 17, seed 17020; also at 0dc49ac): eager's element walk of
+    # ``torch.mul(v, 2, out=v)`` over overlapping windows doubles an element once per window it
+    # is in, as ``v.mul_(2)`` does; both paths write each element once.
+    def program(t):
+        v = t.unfold(0, 3, 1)
+        torch.mul(v, 2, out=v)
+        return t
+    want = program(torch.arange(16.).reshape(4, 1, 4))
+    assert_same(program(torch.arange(16.).reshape(4, 1, 4).to(dev)), want)
