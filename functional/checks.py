@@ -95,15 +95,14 @@ def _kernel(spec: OutOp):
             out = kwargs.get(first)
             if isinstance(out, (list, tuple)):
                 out = out[0] if out else None
-            if out is not None and _is_functional(out):
-                write_checks.check_out(spec, args, kwargs, STORAGES)
-                if len(spec.outs) == 1 and out._base is not None:
-                    done = _out_through_copy(op, first, out, args, kwargs)
-                    if done is not None:
-                        return done
             if out is None or not _is_functional(out):
                 with _BELOW_AUTOGRAD():
                     return op(*args, **kwargs)
+            write_checks.check_out(spec, args, kwargs, STORAGES)
+            if len(spec.outs) == 1 and out._base is not None:
+                done = _out_through_copy(op, first, out, args, kwargs)
+                if done is not None:
+                    return done
             before = (tuple(out.shape), out.stride(), out.storage_offset())
             with _BELOW_AUTOGRAD():
                 result = op(*args, **kwargs)

@@ -36,7 +36,9 @@ from xla_compat.lowering.views import strided_index, write_positions
 from . import direct, viewchain, writes_eager
 from .boundary import _view_base
 from .inner import FunctionalInner
+from .checks import _requires_grad
 from .overrides import override
+from .strides import _to_meta, meta_like
 from .writes import Gather
 
 aten = torch.ops.aten
@@ -107,16 +109,6 @@ def _inner(x):
     value (through its root where it is a view), anything else as it is."""
     if type(x) is torch.Tensor and _is_functional(x):
         return FunctionalInner(direct.value_of(x), tuple(x.shape), x.dtype)
-    if type(x) in (list, tuple):
-        return type(x)(_inner(e) for e in x)
-    return x
-
-
-def _meta(x):
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    if type(x) in (list, tuple):
-        return type(x)(_meta(e) for e in x)
     return x
 
 
@@ -127,26 +119,29 @@ def _kernel(op, functional, upstream):
     def kernel(keyset, self, *args, **kwargs):
         base = _plain_root(self)
         if (base is None or (op is aten.index_put_.default and not _one_value(args, kwargs))
-                or (torch.is_grad_enabled() and _requires_grad((self, args, kwargs)))):
+                or (torch.is_grad_enabled()
+                    and _requires_grad((self, *args, *kwargs.values())))):
             return upstream.call_boxed(keyset, self, *args, **kwargs)
         # eager's checks (dtypes, shapes, index kinds), without the functional path's refusal
         writes_eager.allow_shared_writes(True)
         try:
             with direct._exclude(_META_REFERENCE), warnings.catch_warnings():
                 warnings.simplefilter("ignore")       # (index_put_ on an expanded tensor)
-                op(_meta(self), *_meta(args), **_meta(kwargs))
+                op(meta_like(self), *_to_meta(args),
+                   **{k: _to_meta(v) for k, v in kwargs.items()})
         finally:
             writes_eager.allow_shared_writes(False)
         shape, stride, offset = tuple(self.shape), self.stride(), self.storage_offset()
         index = np.ascontiguousarray(strided_index(shape, stride, offset), dtype=np.int64)
-        dtype = _from(base)._value.aval.dtype
         _sync(base)
         with lock:
             root = _from(base)._value
             old = viewchain._node("functional.shared_gather", Gather(index.tobytes(), shape),
-                                  (root,), Aval(shape, dtype))
+                                  (root,), Aval(shape, root.aval.dtype))
         x = FunctionalInner(old, shape, self.dtype)
-        out = direct._run(functional, (x, *_inner(args)), _inner(kwargs) or None)
+        rest = tracer.map_nested(args, _inner)
+        out = direct._run(functional, (x, *rest),
+                          {k: tracer.map_nested(v, _inner) for k, v in kwargs.items()} or None)
         with lock:
             written = viewchain._node(
                 "functional.shared_write", ScatterChanged(index.reshape(-1).tobytes(), shape),
@@ -155,16 +150,6 @@ def _kernel(op, functional, upstream):
         return self
     kernel.__name__ = f"shared_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return kernel
-
-
-def _requires_grad(x) -> bool:
-    if isinstance(x, torch.Tensor):
-        return x.requires_grad
-    if type(x) in (list, tuple):
-        return any(_requires_grad(e) for e in x)
-    if type(x) is dict:
-        return any(_requires_grad(e) for e in x.values())
-    return False
 
 
 def _one_value(args, kwargs) -> bool:
