@@ -151,9 +151,8 @@ def _out_through_copy(op, name, out, args, kwargs):
         with _BELOW_AUTOGRAD():
             out.copy_(fresh)
         return out
-    from torch._C._functionalization import get_view_meta_sequence
     if out.numel() == 0 or all(type(m).__name__ == "slice_Tensor_ViewMeta"
-                               for m in get_view_meta_sequence(out)):
+                               for m in direct._metas(out)):
         return None
     from .writes import FunctionalizationLimit
     raise FunctionalizationLimit(
@@ -168,8 +167,7 @@ def _through_unfold(t) -> bool:
     """Is ``t`` a view taken through ``unfold``? Functionalization writes such a view back from
     its new value alone (``unfold_backward``), which keeps neither the elements between the
     windows nor eager's order for shared ones unless the new value read the view."""
-    from torch._C._functionalization import get_view_meta_sequence
-    return any(type(m).__name__ == "unfold_ViewMeta" for m in get_view_meta_sequence(t))
+    return any(type(m).__name__ == "unfold_ViewMeta" for m in direct._metas(t))
 
 
 def _requires_grad(args) -> bool:

@@ -44,9 +44,7 @@ def new_empty(size, dtype, strides=None) -> torch.Tensor:
     aval = Aval(size, _jax.to_jax_dtype(dtype))
     node = Node("empty", _EmptyRule(aval), (), (), (), (aval,))
     cls, wrap = _factory_provider()
-    if strides is None:
-        return wrap(cls(Value(node, 0), size, dtype))
-    return wrap(cls(Value(node, 0), size, dtype, strides, 0))
+    return wrap(cls(Value(node, 0), size, dtype, strides, 0))     # (no strides: no offset)
 
 
 def dense_strides(size, stride):

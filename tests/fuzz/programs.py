@@ -10,6 +10,7 @@ source runs on CPU eager and on each device path (``run``); ``to_source()`` is a
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -266,10 +267,7 @@ def draw_write(draw, name, t, others):
     if kind == "out_sum":           # a reduction's result into t (keeps t's layout)
         dtype = str(t.dtype).replace("torch.", "")
         shape = (*t.shape, 2)
-        n = 1
-        for s in shape:
-            n *= s
-        return (f"torch.sum(torch.arange({n}, dtype=torch.{dtype}, device=dev)"
+        return (f"torch.sum(torch.arange({math.prod(shape)}, dtype=torch.{dtype}, device=dev)"
                 f".reshape({shape}), -1, out={name})")
     src = _source(draw, t, others, exact=kind.startswith("out_"))
     if kind == "copy_":
