@@ -2,7 +2,9 @@
 
 Users hold ``LegacyTensor``s directly. Views share an ``Alias`` (one storage) through chains of
 ``ViewStep``s; in-place ops record writes on the alias; stale members re-derive when read. At a
-sync the alias bases are the graph's roots; afterwards every member re-derives from device data.
+sync the alias bases (and the values of loose tensors, op results no view or write has touched,
+which get an Alias only when first needed) are the graph's roots; afterwards every member
+re-derives from device data.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ if __name__ != "xla_compat.legacy":
 import torch
 
 from xla_compat import executor, paths
-from xla_compat.lazy.ir import reaches, skip_frames_in
+from xla_compat.lazy.ir import Poisoned, Value, reaches, skip_frames_in
 
 from . import alias as _alias
 from . import fast as _fast  # noqa: F401  (the path's trace plans; imports ops)
@@ -63,8 +65,10 @@ def _before_sync(tensors) -> None:
 
 
 def _extra_roots():
-    """A full sync materialises every storage (alias base), not the views of it."""
-    return [a.flush() for a in _alias.live_aliases()]
+    """A full sync materialises every storage (alias base, or a loose tensor's own value), not
+    the views of it."""
+    return [a.flush() for a in _alias.live_aliases()] + [
+        t._v for t in _alias.loose_tensors() if not t._v.node.is_leaf]
 
 
 def _predecessors():
@@ -79,7 +83,8 @@ def _held_values():
     for a in _alias.live_aliases():
         yield from a.values()
     for t in legacy_tensors():
-        if t._gen == t._alias.gen:
+        a = t._a
+        if a is None or t._gen == a.gen:
             yield t._v
 
 
@@ -94,14 +99,15 @@ def _rebind(mapping) -> None:
             was[id(a)] = a.gen
             a.gen += 1
     for t in legacy_tensors():
-        a = t._alias
-        if t._gen != was.get(id(a), a.gen):
+        a = t._a
+        if a is not None and t._gen != was.get(id(a), a.gen):
             continue
         new = mapping.get(t._v)
         if new is not None:
             t._v = new
             t._last_data = new
-            t._gen = a.gen
+            if a is not None:
+                t._gen = a.gen
 
 
 def _roll_back(error, roots=None) -> None:
@@ -113,6 +119,14 @@ def _roll_back(error, roots=None) -> None:
         # (a storage the failed graph only read, as a materialised leaf, keeps its writes)
         if nodes is None or any(v.node in nodes and not v.node.is_leaf for v in a.values()):
             a.roll_back(error)
+    for t in _alias.loose_tensors():      # as the core rolls back its tensors
+        v = t._v
+        if not v.node.is_leaf and (nodes is None or v.node in nodes):
+            last = t._last_data
+            if last is not None and not last.node.array.is_deleted():
+                t._v = last
+            else:
+                t._v = Value(Poisoned(v.node.avals, executor.poison_error(error)), v.index)
 
 
 def _probe():

@@ -9,25 +9,28 @@ equals it holds a current ``_v``; any other member re-derives from ``base`` thro
 from __future__ import annotations
 
 import itertools
+from operator import attrgetter
 
 import numpy as np
 
 from xla_compat import metrics, sharding
 from xla_compat.executor import touch as _touch, touch_for as _touch_for
 from xla_compat.lazy.ir import Aval, DeviceData, Node, Poisoned, Slot, Value
-from xla_compat.lazy.weakreg import WeakRegistry
 
 from . import views
 from .views import Layout
 
+# Aliases number themselves in creation order, so a sync lists their bases in the same order
+# every step. They are not registered: the live ones are those live legacy tensors view
+# (``live_aliases``), since a registry entry (a weak reference and its callback) was a tenth of
+# tracing an op's result, and nearly every result is a storage no view or write ever touches.
 _serial = itertools.count()
-# Every live alias in creation order, so a sync lists their bases in the same order every step.
-_aliases = WeakRegistry()
 
 class Alias:
     """One storage: the base value, writes pending on it, and a generation counter."""
 
-    __slots__ = ("base", "pending", "gen", "root", "_nbytes", "_dtype", "sharding", "last", "__weakref__")
+    __slots__ = ("base", "pending", "gen", "root", "_nbytes", "_dtype", "sharding", "last",
+                 "serial", "__weakref__")
 
     def __init__(self, base: Value, root: Layout):
         self.base = base
@@ -38,7 +41,7 @@ class Alias:
         self._dtype = base.aval.dtype
         self.sharding = None      # SPMD: the storage's layout over a mesh (xc.mark_sharding)
         self.last = base if type(base.node) is DeviceData else None   # last materialised base
-        _aliases.add(next(_serial), self)
+        self.serial = next(_serial)
 
     @property
     def nbytes(self) -> int:
@@ -171,8 +174,35 @@ def _node(op: str, rule, inputs: tuple, aval: Aval) -> Value:
     args = _SLOTS[n] if n < 3 else tuple(Slot(i) for i in range(n))
     return Value(Node(op, rule, args, (), tuple(inputs), (aval,)), 0)
 
+_members = None     # legacy.tensor.legacy_tensors, bound when that module is imported
+_by_serial = attrgetter("serial")
+
+
+def bind_members(fn) -> None:
+    global _members
+    _members = fn
+
+
 def live_aliases() -> list:
-    return _aliases.values()
+    """The storages live legacy tensors view, in creation order (an alias no tensor reaches is
+    no storage a program can read: nothing materialises it). Tensors whose storage has no
+    Alias yet are ``loose_tensors``."""
+    found = {}
+    for t in _members():
+        a = t._a
+        if a is not None:
+            found[id(a)] = a
+    out = list(found.values())
+    if len(out) > 1:
+        out.sort(key=_by_serial)
+    return out
+
+
+def loose_tensors() -> list:
+    """Live legacy tensors whose storage has no Alias yet (an op's result nothing has viewed or
+    written): each is its storage's only member, and its ``_v`` is current."""
+    return [t for t in _members() if t._a is None]
+
 
 def flush_all() -> None:
     for a in live_aliases():

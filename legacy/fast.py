@@ -126,7 +126,7 @@ def _write_key(func, dst, args, kwargs):
     for a in tracer.call_values(args, kwargs):
         if type(a) is LegacyTensor:
             # (its geometry; is it the written tensor, or another view of its storage?)
-            parts.append((tracer.geometry(a), 2 if a is dst else a._alias is alias))
+            parts.append((tracer.geometry(a), 2 if a is dst else a._a is alias))
         elif not _static(func, a, parts):
             return None
     return tuple(parts)
@@ -410,4 +410,4 @@ def _foreach_in_place(func) -> bool:
     return rule is not None and not rule.random
 
 
-_tensor.bind_plans(handler, DONE)
+_tensor.bind_plans(handler, DONE, _HANDLERS)

@@ -2,11 +2,16 @@
 
 Invariants. ``_alias`` is the storage this tensor views and ``_chain`` the view steps from the
 alias base to it (empty for the root). ``_v`` is its value, current when ``_gen`` equals the
-alias generation. Reading ``_value`` (what the core tracer and executor read) re-derives a stale
-member; assigning ``_value`` (what the core does for an in-place op) records a write on the
-alias, so every core mutation path is alias-aware. LegacyTensors are not in the core's live set:
-the path hands the executor alias bases instead (extra roots), so a sync materialises storages,
-not views, and views re-derive lazily from device data afterwards.
+alias generation. Reading ``_value`` (what the core tracer and executor read) re-derives a
+stale member; assigning ``_value`` (what the core does for an in-place op) records a write on
+the alias, so every core mutation path is alias-aware. LegacyTensors are not in the core's live
+set: the path hands the executor alias bases instead (extra roots), so a sync materialises
+storages, not views, and views re-derive lazily from device data afterwards.
+
+An op's result starts without an Alias (``_a`` None, a "loose" tensor): its storage's only
+member, so its ``_v`` is current, and a sync materialises ``_v`` itself. The first view, write,
+metadata change or layout makes the Alias (``_alias``) from the tensor's value and layout.
+Most results are never viewed or written, and an Alias each was a tenth of tracing an op.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from xla_compat.lazy.ir import Aval, Node, Value
 from xla_compat.lazy.tensor import DEVICE, LazyTensor, lock
 from xla_compat.lazy.weakreg import WeakRegistry
 
+from . import alias as _alias_module
 from .alias import Alias
 from .views import Layout, injective
 
@@ -35,7 +41,8 @@ class LegacyTensor(LazyTensor):
     """A device tensor on the legacy path: views alias, in-place ops write through."""
 
     path_name = "legacy"
-    _alias = None
+    _a = None                 # the Alias, once made (see ``_alias``)
+    _chain = ()
     _core_registry = False    # the path's own registry (_tensors) lists them
 
     @staticmethod
@@ -49,24 +56,20 @@ class LegacyTensor(LazyTensor):
                      requires_grad)
         t._v = value
         _tensors.add(id(t), t)
-        if alias is None:
+        if alias is None:          # a new storage: its Alias is made when first needed
             t._last_data = value if value.node.rule is None else None
-            # (a new storage per traced op: the named tuple built without its Python __new__)
-            layout = (_new_tuple(Layout, (tuple(shape), tuple(strides), storage_offset))
-                      if strides is not None and storage_offset is not None else
-                      Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset()))
-            alias = Alias(value, layout)
-            t._gen = alias.gen
         else:
             t._gen = -1
             t._last_data = None
-        t._alias = alias
-        t._chain = chain if type(chain) is tuple else tuple(chain)
+            t._a = alias
+            t._chain = chain if type(chain) is tuple else tuple(chain)
         return t
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        planned = _plans(func)                       # the path's own plans (legacy/fast.py)
+        planned = _plan_of(id(func), False)          # the path's own plans (legacy/fast.py)
+        if planned is False:
+            planned = _plans(func)
         if planned is None:
             out = tracer.replay(cls, func, args, False, kwargs)   # traced before, this geometry
         else:
@@ -86,15 +89,13 @@ class LegacyTensor(LazyTensor):
     # -- the value, as the core sees it ----------------------------------------------------------
     @property
     def _value(self) -> Value:
-        if self._gen != self._alias.gen:
+        a = self._a
+        if a is not None and self._gen != a.gen:
             self._refresh()
         return self._v
 
     @_value.setter
     def _value(self, value: Value) -> None:
-        if self._alias is None:            # LazyTensor.__new__ setting the initial value
-            self._v = value
-            return
         chain = self._chain
         self._gen = self._alias.record(chain, value)
         self._v = value
@@ -104,6 +105,17 @@ class LegacyTensor(LazyTensor):
             # (``x.expand(3).index_put_([2], v)`` reads [v, v, v], as eager does).
             self._gen = -1
 
+    @property
+    def _alias(self) -> Alias:
+        """The storage this tensor views, made on first need for an op's result (its layout is
+        the tensor's: every metadata change takes the alias first, ``ops.restride``)."""
+        a = self._a
+        if a is None:
+            a = self._a = Alias(self._v, _new_tuple(Layout, (
+                tuple(self.shape), tuple(self.stride()), self.storage_offset())))
+            self._gen = a.gen
+        return a
+
     def _refresh(self) -> None:
         aval = Aval(tuple(self.shape), _jax.to_jax_dtype(self.dtype))
         with lock:
@@ -112,7 +124,7 @@ class LegacyTensor(LazyTensor):
 
     def _join(self, other: "LegacyTensor") -> None:
         """Share ``other``'s storage and chain (after ``.data =`` or ``set_``)."""
-        self._alias = other._alias
+        self._a = other._alias
         self._chain = other._chain
         self._gen = other._gen
         self._v = other._v
@@ -121,7 +133,7 @@ class LegacyTensor(LazyTensor):
     # -- SPMD: the layout belongs to the storage (the alias), set through its root ----------------
     @property
     def _sharding(self):
-        a = self._alias
+        a = self._a
         return a.sharding if a is not None and not self._chain else None
 
     @_sharding.setter
@@ -151,8 +163,12 @@ def legacy_tensors() -> list:
     return _tensors.values()
 
 
+_alias_module.bind_members(legacy_tensors)
+
+
 _ops = None       # legacy.ops and legacy.fast.handler, set when those modules are imported
 _plans = None
+_plan_of = None    # the plans decided so far (id(func) -> handler or None), read inline
 _fast_done = None  # what a plan returns for an op that returns nothing (fast.DONE)
 
 
@@ -161,9 +177,10 @@ def bind_ops(module) -> None:
     _ops = module
 
 
-def bind_plans(handler, done) -> None:
+def bind_plans(handler, done, decided: dict) -> None:
     """``handler(func)``: the path's plan handler for an op (``fast.view``/``fast.write``/
     ``fast.write_many``) or None (the tracer's own plans may replay it); a handler returns
-    ``done`` for an op it ran that returns nothing."""
-    global _plans, _fast_done
-    _plans, _fast_done = handler, done
+    ``done`` for an op it ran that returns nothing. ``decided`` caches ``handler`` by
+    ``id(func)`` (read inline: a call per traced op saved)."""
+    global _plans, _fast_done, _plan_of
+    _plans, _fast_done, _plan_of = handler, done, decided.get
