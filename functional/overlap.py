@@ -58,9 +58,20 @@ class FullLike:
         return jnp.full_like(x, self.value)
 
 
+def _same(v: Value, read: Value) -> bool:
+    """Is ``v`` the view's value before the write: ``read`` itself, or the same read made again
+    (upstream reads a view once for the op and again for a write-back through a view of it,
+    ``v[:, 1].fill_(5)``: two equal ``unfold_copy`` nodes of one base value)?"""
+    if v == read:
+        return True
+    a, b = v.node, read.node
+    return (v.index == read.index and a.op == b.op and a.rule is not None and a.rule == b.rule
+            and a.inputs == b.inputs and a.args == b.args and a.kwargs == b.kwargs)
+
+
 def _replay(node, index, read, cur) -> Value:
     """``node`` computed again with ``cur`` wherever it read ``read``."""
-    inputs = tuple(cur if v == read else v for v in node.inputs)
+    inputs = tuple(cur if _same(v, read) else v for v in node.inputs)
     return Value(Node(node.op, node.rule, node.args, node.kwargs, inputs, node.avals), index)
 
 
@@ -116,7 +127,8 @@ def walk(read: Value, new: Value, shape, stride, pos, new_stride=None) -> Value:
     node = new.node
     if new.aval.dtype != read.aval.dtype or tuple(new.aval.shape) != shape:
         return new
-    on_read = _first_input(node) == read
+    first = _first_input(node)
+    on_read = first is not None and _same(first, read)
     if on_read and _accumulates(node):
         w = lv.OverlapWalk(pos, np.arange(pos.size))
         return lv.walk_node(lv.SumChanges(lv._table(w.group), w.groups), (read, new), aval)
@@ -125,7 +137,7 @@ def walk(read: Value, new: Value, shape, stride, pos, new_stride=None) -> Value:
     else:
         operands = [stride, stride] + [
             lv.broadcast_strides(shape, tuple(v.aval.shape), lv.contiguous_strides(tuple(v.aval.shape)))
-            for v in node.inputs if v != read]
+            for v in node.inputs if not _same(v, read)]
     w = lv.OverlapWalk(pos, lv.iteration_order(shape, operands))
     if on_read and _pointwise(node):
         cur, res = read, new

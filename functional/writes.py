@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from xla_compat.lazy.ir import Aval, Node, Slot, Value
+from xla_compat.lazy.ir import Aval, DeviceData, Node, Slot, Value
 from xla_compat.lowering.views import strided_index, write_positions
 
 aten = torch.ops.aten
@@ -167,6 +167,20 @@ def find_unfold_read(value: Value, sizes, dim, size, step, limit: int = 2000):
     return find_node(value, reads, limit)
 
 
+def _synced_view_value(new: Value):
+    """The device data an in-place op on a synced view read as the view's value (the first
+    input of the op that computed ``new``, of ``new``'s shape and dtype), or None: ``new``
+    was written whole (a copy: walked already; an out= result arrives as one)."""
+    node = new.node
+    if node.rule is None or not node.inputs or node.op.startswith("overlap."):
+        return None
+    first = node.args[0] if node.args else None
+    if type(first) is not Slot:
+        return None
+    v = node.inputs[first.k]
+    return v if (type(v.node) is DeviceData and v.aval == new.aval) else None
+
+
 @dataclass(frozen=True)
 class UnfoldWriteBack:
     """Put unfold windows back into ``base`` along ``dim``; uncovered elements keep base's values."""
@@ -237,10 +251,16 @@ def unfold_write_back(cls, grad, sizes, dim, size, step):
         return None  # the program's own unfold_backward (istft's overlap-add): the sum
     read = find_unfold_read(grad._value, sizes, dim, size, step)
     if read is None and shared and not leaves_gaps(sizes, dim, size, step):
-        # A write of every element not computed from the windows (an out= result): the
-        # last write of each element wins, and no element of the base keeps its value.
+        # The windows cover the base, so it needs no read of its own: a write of every element
+        # not computed from the windows (an out= result or a copy, walked by ``copy_walk``):
+        # the last write of each element wins. Or an op on the windows' value as a sync left
+        # it (device data of the view's own, not re-read from the base: ``v.mul_(2)`` after
+        # ``v.clamp_(..)`` and a sync), which walks as any op on the windows does.
         from .overlap import unfold_walk
-        value = unfold_walk(grad._value, grad._value, sizes, dim, size, step, grad.stride())
+        new = grad._value
+        synced = _synced_view_value(new)
+        value = (unfold_walk(synced, new, sizes, dim, size, step) if synced is not None else
+                 unfold_walk(new, new, sizes, dim, size, step, grad.stride()))
         value = _node("functional.unfold_cover", UnfoldCover(sizes, dim, size, step), [value],
                       sizes, value.aval.dtype)
         return cls(value, sizes, grad.dtype)

@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from .lazy import tracer
@@ -55,11 +56,13 @@ class OutOp:
     outs: tuple
     functional: Optional[torch._ops.OpOverload]
     pointwise: bool
+    reduction: bool = False
 
     @staticmethod
     def of(op) -> "OutOp":
         outs = tuple(a.name for a in op._schema.arguments if a.is_out)
-        return OutOp(op, outs, tracer.mutation_info(op)[2], torch.Tag.pointwise in op.tags)
+        return OutOp(op, outs, tracer.mutation_info(op)[2], torch.Tag.pointwise in op.tags,
+                     torch.Tag.reduction in op.tags)
 
 
 def tensors(x, into: list) -> list:
@@ -94,17 +97,54 @@ def extent(t: torch.Tensor) -> int:
 
 def check_out(spec: OutOp, args, kwargs, storages: Storages) -> None:
     """Raise eager's error for writing ``spec.op``'s result into its outs; write nothing."""
-    if len(kwargs) == 1 and plainly_fine(spec, args, kwargs[spec.outs[0]], storages):
-        return
-    outs = tensors([kwargs.get(n) for n in spec.outs], [])
-    inputs = tensors(args, [])
-    if len(kwargs) > len(spec.outs):
-        tensors([v for k, v in kwargs.items() if k not in spec.outs], inputs)
-    results = result_dtypes(spec, args, kwargs)
-    if (results is None or len(results) != len(outs)
-            or any(r != o.dtype for r, o in zip(results, outs))
-            or _may_overlap(spec.pointwise, outs, inputs, storages)):
-        _dry_run(spec, args, kwargs, outs, inputs, results, storages)
+    if not (len(kwargs) == 1 and plainly_fine(spec, args, kwargs[spec.outs[0]], storages)):
+        outs = tensors([kwargs.get(n) for n in spec.outs], [])
+        inputs = tensors(args, [])
+        if len(kwargs) > len(spec.outs):
+            tensors([v for k, v in kwargs.items() if k not in spec.outs], inputs)
+        results = result_dtypes(spec, args, kwargs)
+        if (results is None or len(results) != len(outs)
+                or any(r != o.dtype for r, o in zip(results, outs))
+                or _may_overlap(spec.pointwise, outs, inputs, storages)):
+            _dry_run(spec, args, kwargs, outs, inputs, results, storages)
+    if spec.reduction:
+        refuse_shared_reduction_out(spec, kwargs, storages)
+
+
+def refuse_shared_reduction_out(spec: OutOp, kwargs, storages: Storages) -> None:
+    """A reduction's out whose elements share memory (``t.expand(2)``, overlapping ``unfold``
+    windows): eager accepts it, and what it leaves there is its reduction kernel's loop order
+    (``sum`` into overlapping windows adds the windows' sums into the shared elements; into an
+    expanded view it keeps the last), no rule either path could follow. Refused, clearly."""
+    for o in tensors([kwargs.get(n) for n in spec.outs], []):
+        if storages.owns(o) and _shares_memory(o):
+            raise tracer.UnsupportedOpError(
+                f"xla_compat: {spec.op} with out= a view whose elements share memory (shape "
+                f"{list(o.shape)}, strides {list(o.stride())}, on the {storages.path} path): "
+                f"eager writes a reduction there in its kernel's loop order (adding or "
+                f"overwriting the shared elements), which no device path reproduces. Reduce "
+                f"into a fresh tensor and write the elements you mean into the base. Nothing "
+                f"was written.")
+
+
+_SHARES: dict = {}       # (size, stride) -> do two elements share a storage position?
+
+
+def _shares_memory(t: torch.Tensor) -> bool:
+    overlap = torch._debug_has_internal_overlap(t)
+    if overlap != 2:
+        return overlap == 1
+    from .lowering import views as lv
+    key = (tuple(t.shape), t.stride())
+    shares = _SHARES.get(key)
+    if shares is None:
+        if lv.surely_distinct(*key):
+            shares = False
+        else:
+            pos = lv.strided_index(key[0], key[1], 0)
+            shares = bool(np.unique(pos).size < pos.size)
+        shares = tracer.keep(_SHARES, key, shares, CACHE_LIMIT)
+    return shares
 
 
 def plainly_fine(spec: OutOp, args, out, storages: Storages) -> bool:

@@ -24,10 +24,10 @@ class KnownIssue(Exception):
 # (path, pattern in the disagreement, label): open issues reported to the lead, each with a
 # regression test in tests/test_reliability_regressions.py. Fixed issues leave this list.
 KNOWN = (
-    *((p, re.compile(r"raised RuntimeError: unsupported operation: more than one element of the "
-                     r"written-to tensor(.|\n)*raised by aten\.copy_"),
-       f"{p}: a reduction's out= into a view of shared elements (expand), which eager writes "
-       f"(the last element wins), is refused with eager's internal-overlap error")
+    *((p, re.compile(r"UnsupportedOpError: xla_compat: aten\.\w+\.\w+ with out= a view whose "
+                     r"elements share memory"),
+       f"{p}: a reduction's out= into a view of shared elements (expand, overlapping unfold): "
+       f"eager's result is its kernel's loop order (documented limit, refused clearly)")
       for p in ("legacy", "functional")),
     ("functional", re.compile(r"as_strided\(\) is non-compositional"),
      "functional: write through as_strided of a view (upstream functionalization limit)"),
