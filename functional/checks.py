@@ -98,6 +98,10 @@ def _kernel(spec: OutOp):
             if out is None or not _is_functional(out):
                 with _BELOW_AUTOGRAD():
                     return op(*args, **kwargs)
+            in_place = write_checks.in_place_form(spec, args, kwargs, STORAGES)
+            if in_place is not None:   # out= its own overlapping input: eager's in-place walk
+                with _BELOW_AUTOGRAD():
+                    return in_place[0](*args, **in_place[1])
             write_checks.check_out(spec, args, kwargs, STORAGES)
             if len(spec.outs) == 1 and out._base is not None:
                 done = _out_through_copy(op, first, out, args, kwargs)

@@ -469,6 +469,10 @@ def _out_op(func) -> write_checks.OutOp:
 
 
 def run_out_op(func, plan: OutPlan, args, kwargs):
+    spec = _out_op(func)
+    in_place = write_checks.in_place_form(spec, args, kwargs, STORAGES)
+    if in_place is not None:           # out= its own overlapping input: eager's in-place walk
+        return in_place[0](*args, **in_place[1])
     if not plan.others:     # eager's dtype and overlap checks of the write (write_checks.py)
         write_checks.check_out(_out_op(func), args, kwargs, STORAGES)
     try:

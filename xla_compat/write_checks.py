@@ -127,6 +127,27 @@ def refuse_shared_reduction_out(spec: OutOp, kwargs, storages: Storages) -> None
                 f"was written.")
 
 
+def in_place_form(spec: OutOp, args, kwargs, storages: Storages):
+    """``(in-place overload, kwargs without the out)`` for a pointwise op whose one out is its
+    own first input and has elements that share memory (``torch.mul(v, 2, out=v)``, ``v``
+    overlapping ``unfold`` windows): eager's walk over such an out reads what it has just
+    written, exactly as the in-place op's does (``v.mul_(2)`` compounds), so the path runs that.
+    None otherwise (every ordinary out=, in one identity test)."""
+    if not spec.pointwise or len(spec.outs) != 1 or not args:
+        return None
+    out = kwargs.get(spec.outs[0])
+    if out is None or args[0] is not out or not storages.owns(out) or not _shares_memory(out):
+        return None
+    functional = spec.functional
+    if functional is None:
+        return None
+    packet = getattr(torch.ops.aten, functional._schema.name.split("::")[1] + "_", None)
+    inplace = getattr(packet, functional._overloadname, None) if packet is not None else None
+    if inplace is None:
+        return None
+    return inplace, {k: v for k, v in kwargs.items() if k not in spec.outs}
+
+
 _SHARES: dict = {}       # (size, stride) -> do two elements share a storage position?
 
 
