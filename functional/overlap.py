@@ -16,7 +16,10 @@ from the view ``read`` before the write:
   accumulate): every contribution adds up;
 * another op of ``read`` (``index_put``, ``scatter``, ``index_fill``...): it writes only some
   elements; of those it changed, the last in the walk wins;
-* anything else (an out= result, a copied source): every element is written, the last wins.
+* anything else (an out= result, a copied source): every element is written, the last wins;
+* an op on a view of ``read`` (``v[1:3].mul_(2)``, ``v.t()[1].fill_(0)``), put back through the
+  inverse views: the op is walked over that view's own memory positions first, by the rules
+  above, then each memory element keeps the value its changed copies hold.
 
 The walk's order comes from the view's eager strides and its operands'. For an out= result the
 result's own eager strides stand for its inputs' (eager lays a result out from its inputs, so they
@@ -124,9 +127,12 @@ def walk(read: Value, new: Value, shape, stride, pos, new_stride=None) -> Value:
     stride ties as they do); otherwise the other inputs are taken as contiguous."""
     shape = tuple(shape)
     aval = Aval(shape, read.aval.dtype)
-    node = new.node
     if new.aval.dtype != read.aval.dtype or tuple(new.aval.shape) != shape:
         return new
+    through = _through_a_view(read, new, shape, stride, pos, aval)
+    if through is not None:
+        return through
+    node = new.node
     first = _first_input(node)
     on_read = first is not None and _same(first, read)
     if on_read and _accumulates(node):
@@ -155,6 +161,118 @@ def walk(read: Value, new: Value, shape, stride, pos, new_stride=None) -> Value:
                             for v in (0, 1))
         return lv.walk_node(rule, inputs, aval)
     return lv.walk_node(lv.TakeLast(lv._table(w.last)), (read, new), aval)
+
+
+# -- a write through a view of the overlapping view -------------------------------------------------
+# ``v[1:3].mul_(2)`` reaches the write-back as ``slice_scatter(read, mul(view_read(read)))``,
+# ``v.t().mul_(2)`` as ``t_copy(mul(t_copy(read)))``: the op ran on a view of the windows and its
+# result was put back through the inverse views. Eager's walk is over that view: the op's node is
+# walked there (over the view's own memory positions and strides), which leaves one value per
+# memory element wherever it wrote, and the windows then keep, per memory element, the value a
+# changed copy holds (the others are stale copies of what the op did not write).
+
+# The view nodes an op on a view of the windows reads them through.
+_VIEW_READS = frozenset((
+    "functional.view_read", "aten.slice_copy.Tensor", "aten.select_copy.int",
+    "aten.t_copy.default", "aten.transpose_copy.int", "aten.permute_copy.default",
+    "aten.diagonal_copy.default", "aten.unsqueeze_copy.default", "aten.squeeze_copy.dim",
+    "aten.squeeze_copy.dims", "aten.squeeze_copy.default", "aten.view_copy.default",
+    "aten._reshape_alias_copy.default", "aten.narrow_copy.default", "aten.alias_copy.default",
+    "aten.unfold_copy.default", "aten.movedim_copy.int"))
+_SCATTERS = frozenset(("aten.slice_scatter.default", "aten.select_scatter.default",
+                       "aten.diagonal_scatter.default", "aten.as_strided_scatter.default"))
+_LIMIT = 2000
+
+
+def _viewed(v: Value, read: Value) -> bool:
+    """Is ``v`` a view of ``read`` (not ``read`` itself)?"""
+    n = v.node
+    return n.op in _VIEW_READS and len(n.inputs) == 1 and _same(n.inputs[0], read) \
+        and not _same(v, read)
+
+
+def _op_on_a_view(new: Value, read: Value):
+    """The node in ``new``'s graph of an op whose first input is a view of ``read``, or None."""
+    def wanted(n) -> bool:
+        if n.op in _VIEW_READS or n.op in _SCATTERS or n.rule is None:
+            return False
+        first = _first_input(n)
+        return first is not None and _viewed(first, read)
+    return find_node(new, wanted, _LIMIT)
+
+
+def _positions(view: Value, pos):
+    """``pos`` seen through the view node ``view`` (what each of its elements is in memory)."""
+    from xla_compat.executor import _call_rule
+    try:
+        out = _call_rule(view.node, [jnp.asarray(pos)])
+    except Exception:  # noqa: BLE001 - a view the positions cannot go through: no walk here
+        return None
+    out = out[view.index] if isinstance(out, (tuple, list)) else out
+    out = np.asarray(out)
+    return out if out.shape == tuple(view.aval.shape) else None
+
+
+def _strides_of(p) -> tuple:
+    """The memory strides of a strided view whose elements are at positions ``p``."""
+    origin = p[(0,) * p.ndim] if p.size else 0
+    out = []
+    for d, n in enumerate(p.shape):
+        if n > 1:
+            at = [0] * p.ndim
+            at[d] = 1
+            out.append(int(p[tuple(at)] - origin))
+        else:
+            out.append(1)
+    return tuple(out)
+
+
+def _substitute(value: Value, old, replacement: Value):
+    """``value`` recomputed with ``replacement`` for the node ``old`` (None past ``_LIMIT``)."""
+    memo: dict = {}
+    count = [0]
+
+    def rebuilt(v: Value):
+        n = v.node
+        if n is old:
+            return replacement
+        if n.rule is None or not n.inputs:
+            return v
+        got = memo.get(id(n))
+        if got is None:
+            count[0] += 1
+            if count[0] > _LIMIT:
+                raise OverflowError
+            ins = tuple(rebuilt(i) for i in n.inputs)
+            got = n if all(a is b for a, b in zip(ins, n.inputs)) else Node(
+                n.op, n.rule, n.args, n.kwargs, ins, n.avals)
+            memo[id(n)] = got
+        return v if got is n else Value(got, v.index)
+    try:
+        return rebuilt(value)
+    except (OverflowError, RecursionError):
+        return None
+
+
+def _through_a_view(read: Value, new: Value, shape, stride, pos, aval):
+    """The windows' value after eager's walk where ``new`` wrote through a view of them; None
+    where the write did not (the op read the windows themselves, or not at all)."""
+    op = _op_on_a_view(new, read)
+    if op is None:
+        return None
+    view = _first_input(op)
+    sub_pos = _positions(view, pos)
+    if sub_pos is None:
+        return None
+    value = Value(op, 0)
+    if np.unique(sub_pos).size < sub_pos.size:      # the view's own elements share memory
+        value = walk(view, value, sub_pos.shape, _strides_of(sub_pos), sub_pos)
+    written = _substitute(new, op, value)
+    if written is None:
+        return None
+    w = lv.OverlapWalk(pos, lv.iteration_order(shape, [tuple(stride), tuple(stride)]))
+    rule = lv.LastChanged(lv._table(w.group), w.groups, lv._table(w.rank))
+    return lv.walk_node(rule, (read, written), aval)
 
 
 def _as_strided_read(value: Value, base_shape, size, stride, offset, gather):

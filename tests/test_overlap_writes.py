@@ -411,14 +411,48 @@ def test_a_write_into_overlapping_windows_written_before_a_sync_walks_like_eager
     _run_twice(program, torch.arange(6.), dev)
 
 
-@pytest.mark.parametrize("write", ["mul_transposed", "mul_windows", "add_columns"])
-def test_a_pointwise_write_through_an_overlapping_view_of_overlapping_windows_compounds(
-        path, dev, write, request):
-    if path == "functional":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open (functional): a pointwise write through a view of the windows whose own "
-            "elements share memory is walked once per element at the windows' write-back; "
-            "eager compounds it within the view")))
-    op = {"mul_transposed": lambda v: v.t().mul_(2.), "mul_windows": lambda v: v[1:3].mul_(2.),
-          "add_columns": lambda v: v[:, :2].add_(1.)}[write]
-    _run_twice(lambda t: op(t.unfold(0, 3, 1)), torch.arange(6.), dev)
+# Views of the windows a write goes through (each is a view of overlapping windows ``v``; most of
+# them overlap themselves), and in-place ops: eager walks the op over the view's elements.
+VIEWS_OF_WINDOWS = {
+    "rows": lambda v: v[1:3], "columns": lambda v: v[:, :2], "t": lambda v: v.t(),
+    "rows_t": lambda v: v[1:3].t(), "t_rows": lambda v: v.t()[1:],
+    "columns_rows": lambda v: v[:, 1:][1:3], "every_other": lambda v: v[::2],
+    "t_select": lambda v: v.t()[1], "permute": lambda v: v.permute(1, 0),
+    "transpose": lambda v: v.transpose(0, 1), "last_rows": lambda v: v[-3:],
+}
+OPS_ON_VIEWS = {"mul": lambda w: w.mul_(2.), "add_self": lambda w: w.add_(w),
+                "sub_div": lambda w: w.sub_(1).div_(2), "fill": lambda w: w.fill_(-1.),
+                "add_ones": lambda w: w.add_(torch.ones_like(w)), "clamp": lambda w: w.clamp_(2, 4)}
+# (base shape, unfold dim, size, step); a 2-D base's windows are taken through select too
+WINDOWED = [((6,), 0, 3, 1), ((10,), 0, 4, 2), ((2, 7), 1, 3, 2)]
+
+
+@pytest.mark.parametrize("geometry", WINDOWED, ids=str)
+@pytest.mark.parametrize("op", sorted(OPS_ON_VIEWS))
+@pytest.mark.parametrize("view", sorted(VIEWS_OF_WINDOWS))
+def test_an_in_place_op_through_a_view_of_overlapping_windows_walks_that_view_like_eager(
+        path, dev, view, op, geometry):
+    # Session 18: a pointwise op through a view of the windows whose own elements share memory
+    # (``v[1:3].mul_(2)``, ``v.t().mul_(2)``) compounds within that view in eager; the functional
+    # walk ran at the windows' write-back and applied it once per element.
+    shape, d, size, step = geometry
+
+    def program(t):
+        v = t.unfold(d, size, step)
+        if v.dim() > 2:
+            v = v[0]
+        OPS_ON_VIEWS[op](VIEWS_OF_WINDOWS[view](v))
+    _run_twice(program, torch.arange(float(np.prod(shape))).reshape(shape), dev)
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS_OF_WINDOWS))
+def test_an_in_place_op_through_a_view_of_synced_overlapping_windows_walks_like_eager(path, dev,
+                                                                                    view):
+    def program(t):
+        v = t.unfold(0, 3, 1)
+        v.add_(0)
+        if t.device.type != "cpu":
+            import xla_compat as xc
+            xc.sync()
+        VIEWS_OF_WINDOWS[view](v).mul_(2.)
+    _run_twice(program, torch.arange(6.), dev)
