@@ -17,7 +17,7 @@ if __name__ != "xla_compat.legacy":
 import torch
 
 from xla_compat import executor, paths
-from xla_compat.lazy.ir import Poisoned, Value, reaches, skip_frames_in
+from xla_compat.lazy.ir import reaches, skip_frames_in
 
 from . import alias as _alias
 from . import fast as _fast  # noqa: F401  (the path's trace plans; imports ops)
@@ -122,11 +122,7 @@ def _roll_back(error, roots=None) -> None:
     for t in _alias.loose_tensors():      # as the core rolls back its tensors
         v = t._v
         if not v.node.is_leaf and (nodes is None or v.node in nodes):
-            last = t._last_data
-            if last is not None and not last.node.array.is_deleted():
-                t._v = last
-            else:
-                t._v = Value(Poisoned(v.node.avals, executor.poison_error(error)), v.index)
+            t._v = executor.restored(v, t._last_data, error)
 
 
 def _probe():

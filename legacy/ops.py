@@ -474,7 +474,7 @@ def run_out_op(func, plan: OutPlan, args, kwargs):
     if in_place is not None:           # out= its own overlapping input: eager's in-place walk
         return in_place[0](*args, **in_place[1])
     if not plan.others:     # eager's dtype and overlap checks of the write (write_checks.py)
-        write_checks.check_out(_out_op(func), args, kwargs, STORAGES)
+        write_checks.check_out(spec, args, kwargs, STORAGES)
     try:
         tracer.meta(func, args, kwargs)     # eager's errors (shapes, ...) for this out=
         checked = True

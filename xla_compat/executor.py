@@ -846,13 +846,17 @@ def _rollback(pending: list, error: BaseException, roots=None) -> None:
     """After a failed sync: every pending tensor returns to its last materialised value."""
     metrics.inc("FailedSync")
     for t in pending:
-        last = getattr(t, "_last_data", None)
-        if last is not None and not last.node.array.is_deleted():
-            t._value = last
-        else:
-            t._value = Value(Poisoned(t._value.node.avals, poison_error(error)), t._value.index)
+        t._value = restored(t._value, getattr(t, "_last_data", None), error)
     for fn in _failure_hooks:
         fn(error, roots)
+
+
+def restored(value: Value, last, error: BaseException) -> Value:
+    """What a tensor that held ``value`` holds after a failed sync: ``last``, its last
+    materialised value, where that buffer still lives; else ``value`` poisoned with the error."""
+    if last is not None and not last.node.array.is_deleted():
+        return last
+    return Value(Poisoned(value.node.avals, poison_error(error)), value.index)
 
 
 def poison_error(error: BaseException) -> RuntimeError:
