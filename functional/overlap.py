@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from xla_compat import write_checks
 from xla_compat.lazy import tracer
 from xla_compat.lazy.ir import Aval, Node, Slot, Value
 from xla_compat.lowering import views as lv
@@ -293,23 +294,14 @@ def _as_strided_read(value: Value, base_shape, size, stride, offset, gather):
 def _shares_memory(size, stride) -> bool:
     """Do two elements of this layout share memory, without it being expanded (eager raises
     before writing an expanded view)?"""
-    if lv.surely_distinct(size, stride) or lv.expanded(size, stride):
-        return False
-    pos = lv.strided_index(size, stride, 0)
-    return np.unique(pos).size < pos.size
-
-
-_SHARES: dict = {}       # (size, stride) -> _shares_memory(size, stride)
+    return not lv.expanded(size, stride) and write_checks.shares_memory(size, stride)
 
 
 def as_strided_walk(cls, base, src, size, stride, offset):
     """``src`` made what eager's walk leaves in ``base.as_strided(size, stride, offset)`` where
     that view's elements overlap (and are not expanded), so that its write-back, which keeps the
     last changed element, is right; None for any other view (every ordinary write-back)."""
-    shares = _SHARES.get((size, stride))
-    if shares is None:
-        shares = tracer.keep(_SHARES, (size, stride), _shares_memory(size, stride), 4096)
-    if not shares:
+    if not _shares_memory(size, stride):
         return None                        # (every ordinary write-back: one dict lookup)
     offset = base.storage_offset() if offset is None else offset
     pos = lv.strided_index(size, stride, offset)

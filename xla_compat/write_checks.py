@@ -151,14 +151,13 @@ def in_place_form(spec: OutOp, args, kwargs, storages: Storages):
 _SHARES: dict = {}       # (size, stride) -> do two elements share a storage position?
 
 
-def _shares_memory(t: torch.Tensor) -> bool:
-    overlap = torch._debug_has_internal_overlap(t)
-    if overlap != 2:
-        return overlap == 1
-    from .lowering import views as lv
-    key = (tuple(t.shape), t.stride())
+def shares_memory(size: tuple, stride: tuple) -> bool:
+    """Do two elements of a layout of ``size`` and ``stride`` share a storage position (an
+    expanded dim counts)? Decided once per layout: geometry first, positions where it cannot."""
+    key = (tuple(size), tuple(stride))
     shares = _SHARES.get(key)
     if shares is None:
+        from .lowering import views as lv
         if lv.surely_distinct(*key):
             shares = False
         else:
@@ -166,6 +165,13 @@ def _shares_memory(t: torch.Tensor) -> bool:
             shares = bool(np.unique(pos).size < pos.size)
         shares = tracer.keep(_SHARES, key, shares, CACHE_LIMIT)
     return shares
+
+
+def _shares_memory(t: torch.Tensor) -> bool:
+    overlap = torch._debug_has_internal_overlap(t)
+    if overlap != 2:
+        return overlap == 1
+    return shares_memory(tuple(t.shape), t.stride())
 
 
 def plainly_fine(spec: OutOp, args, out, storages: Storages) -> bool:
