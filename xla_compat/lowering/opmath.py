@@ -55,7 +55,7 @@ _WIDEN_NAMES = frozenset({
     "linalg_vector_norm", "cumsum", "cumprod", "logcumsumexp", "trace", "dist", "renorm",
     "_foreach_norm", "_foreach_powsum",
     # softmax and normalisation
-    "_softmax", "_log_softmax", "softmax", "log_softmax", "_softmax_backward_data",
+    "_softmax", "softmax", "_softmax_backward_data",
     "_log_softmax_backward_data", "native_layer_norm", "native_layer_norm_backward",
     "native_group_norm", "native_group_norm_backward", "native_batch_norm_backward",
     "batch_norm_backward",
@@ -83,6 +83,8 @@ _WIDEN_NAMES = frozenset({
 _OWN_ROUNDING = frozenset({
     "addr", "linalg_cross", "nan_to_num", "nextafter", "frexp", "ldexp", "xlogy",
     "_adaptive_avg_pool3d", "_trilinear",
+    # log_softmax over the last dim: the row's sum and its log stored in the half dtype
+    "_log_softmax", "log_softmax",
     # batch norm forward: eager's statistics rounded where it stores them (norms._HalfStats)
     "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
     "_native_batch_norm_legit_no_training", "_batch_norm_with_update_functional",
