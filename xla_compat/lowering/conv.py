@@ -1,14 +1,22 @@
 """Convolutions (1d/2d/3d, strided, dilated, grouped, transposed) and im2col/col2im.
 
 Every convolution is one ``lax.conv_general_dilated`` at HIGHEST precision (CPU eager computes in
-full float32; XLA's default may use bf16 passes on accelerators). Backward is its vjp.
+full float32; XLA's default may use bf16 passes on accelerators). Backward is its vjp. The one
+exception is a float16/bfloat16 transposed convolution that CPU eager runs through its
+im2col-style kernel, which rounds every partial sum (``_transposed_by_columns``).
 """
 from __future__ import annotations
 
+import functools
+import itertools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+import torch
 from jax import lax
 
+from . import opmath
 from .registry import aten, lowering
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -63,13 +71,118 @@ def _batched(x, w):
     return x[None] if x.ndim == w.ndim - 1 else x
 
 
-@lowering(aten.convolution.default, static=True)
+# -- float16/bfloat16 transposed convolution as CPU eager computes it ---------------------------
+
+@functools.lru_cache(maxsize=None)
+def _onednn_supports(dtype) -> bool:
+    """Whether this CPU has the instructions eager wants before it runs float16/bfloat16
+    convolutions through oneDNN (avx512 bf16/fp16 or AMX on x86)."""
+    if dtype == np.dtype(jnp.bfloat16):
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+
+
+def _eager_rounds_columns(x, w, bias, stride, padding, dilation, transposed, output_padding,
+                          groups, *rest) -> bool:
+    """The rule's ``own_rounding``: True for a float16/bfloat16 transposed convolution that
+    eager's CPU backend choice sends to slow_conv_transpose2d/3d rather than oneDNN.
+
+    Eager takes oneDNN for a half input only when mkldnn is enabled, the CPU has native
+    bf16/fp16 support, and (transposed) no output padding reaches its stride; otherwise the
+    "slow" kernel, whose roundings ``_transposed_by_columns`` spells out. A oneDNN result is
+    float32 arithmetic rounded once: the ordinary widened rule."""
+    if not transposed or x.dtype not in opmath.LOW:
+        return False
+    n = w.ndim - 2
+    big_padding = any(o >= s for o, s in zip(_expand(output_padding or (0,), n),
+                                             _expand(stride, n)))
+    onednn = torch._C._get_mkldnn_enabled() and _onednn_supports(x.dtype) and not big_padding
+    return not onednn
+
+
+def _columns(x, w, groups):
+    """Eager's GEMM into the columns buffer: columns[n, oc, *kernel, *input] = the sum over the
+    group's input channels of x * w, stored in the half dtype (values returned in float32).
+
+    Eager's reduced-precision CPU GEMM (cpublas, no oneDNN) keeps a float32 accumulator per
+    output and adds the products channel after channel, in channel order; a product of two
+    half values is exact in float32, so only the adds round. A dot in XLA sums in another
+    order, and float16 results then differ in the last bit now and then: the sum is spelled
+    out as a scan over the input channels."""
+    n = w.ndim - 2
+    N, cin = x.shape[:2]
+    cin_g, cout_g = cin // groups, w.shape[1]
+    # per input channel l: x[n, g, 1, 1.., *input] and w[1, g, oc, *kernel, 1..]
+    xs = x.astype(jnp.float32).reshape((N, groups, cin_g) + x.shape[2:])
+    xs = jnp.moveaxis(xs, 2, 0).reshape((cin_g, N, groups, 1) + (1,) * n + x.shape[2:])
+    ws = w.astype(jnp.float32).reshape((groups, cin_g, cout_g) + w.shape[2:])
+    ws = jnp.moveaxis(ws, 1, 0).reshape((cin_g, 1, groups, cout_g) + w.shape[2:] + (1,) * n)
+
+    def add_channel(acc, xw):
+        xl, wl = xw
+        return acc + xl * wl, None
+
+    shape = (N, groups, cout_g) + w.shape[2:] + x.shape[2:]
+    cols, _ = lax.scan(add_channel, jnp.zeros(shape, jnp.float32), (xs, ws))
+    cols = cols.reshape((N, groups * cout_g) + w.shape[2:] + x.shape[2:])
+    return opmath.round_to(cols, x.dtype).astype(jnp.float32)
+
+
+def _placement(k, size_in, size_out, stride, padding, dilation):
+    """``lax.pad`` config that puts input index i of kernel tap k at output index
+    i*stride - padding + k*dilation, or None when no input lands inside the output."""
+    lo = k * dilation - padding
+    if not any(0 <= lo + i * stride < size_out for i in range(size_in)):
+        return None
+    hi = size_out - lo - (size_in - 1) * stride - 1
+    return (lo, hi, stride - 1)
+
+
+def _transposed_by_columns(x, w, bias, stride, padding, dilation, output_padding, groups):
+    """A float16/bfloat16 transposed convolution of a batched ``x`` as CPU eager's
+    slow_conv_transpose2d/3d computes it (1-d runs as 2-d with a unit height).
+
+    Per batch element eager multiplies the weight by the input into a columns buffer (one
+    float32-accumulated dot per output channel, kernel tap and input position, stored in the
+    half dtype), then col2im/col2vol scatters the columns into a zeroed output with one
+    half-precision ``+=`` per contribution, looping over kernel taps in order (kernel depth,
+    height, width) and input positions inside; each output element therefore sums its
+    contributions in kernel-tap order, rounding after every add. The bias is added last, one
+    more rounded add (the same with a 1x1 kernel, stride 1 and no padding, where eager writes
+    the GEMM straight into the output). Groups run one after another on disjoint channels.
+    Each rounding is ``opmath.round_to`` so XLA keeps it."""
+    n = w.ndim - 2
+    stride, padding, dilation = _expand(stride, n), _expand(padding, n), _expand(dilation, n)
+    output_padding = _expand(output_padding, n) if output_padding else (0,) * n
+    low = x.dtype
+    ins, ks = x.shape[2:], w.shape[2:]
+    outs = tuple((i - 1) * s - 2 * p + d * (k - 1) + 1 + op for i, s, p, d, k, op in
+                 zip(ins, stride, padding, dilation, ks, output_padding))
+    cols = _columns(x, w, groups)
+    out = jnp.zeros(x.shape[:1] + (cols.shape[1],) + outs, jnp.float32)
+    for tap in itertools.product(*(range(k) for k in ks)):
+        config = [_placement(*a) for a in zip(tap, ins, outs, stride, padding, dilation)]
+        if None in config:
+            continue
+        part = lax.pad(cols[(slice(None), slice(None)) + tap], jnp.float32(0),
+                       [(0, 0, 0), (0, 0, 0)] + config)
+        out = opmath.round_to(out + part, low).astype(jnp.float32)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32).reshape((1, -1) + (1,) * n)
+    return opmath.round_to(out, low)
+
+
+@lowering(aten.convolution.default, static=True, own_rounding=_eager_rounds_columns)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    y = _conv(_batched(x, w), w, bias, stride, padding, dilation, transposed, output_padding, groups)
+    xb = _batched(x, w)
+    if transposed and x.dtype in opmath.LOW:    # only where _eager_rounds_columns says so
+        y = _transposed_by_columns(xb, w, bias, stride, padding, dilation, output_padding, groups)
+    else:
+        y = _conv(xb, w, bias, stride, padding, dilation, transposed, output_padding, groups)
     return y[0] if x.ndim == w.ndim - 1 else y
 
 
-@lowering(aten._convolution.default, static=True)
+@lowering(aten._convolution.default, static=True, own_rounding=_eager_rounds_columns)
 def _convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
                  benchmark=False, deterministic=False, cudnn_enabled=True, allow_tf32=True):
     return convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)

@@ -18,7 +18,9 @@ Which ops (``policy``):
   losses: float16/bfloat16 operands are widened, nothing else changes (eager accumulates in
   float32 and rounds each output once);
 - everything else (views, data movement, conversions, random ops, and rules that spell out
-  eager's own intermediate roundings or depend on the dtype's range) calls the rule unchanged.
+  eager's own intermediate roundings or depend on the dtype's range) calls the rule unchanged;
+  so does a rule whose ``own_rounding`` predicate accepts the node's arguments (a kernel eager
+  picks for some arguments only: transposed convolutions, conv.py).
 The float32/float64 path costs one look at the output dtypes.
 """
 from __future__ import annotations
@@ -246,6 +248,8 @@ def call(rule, node, args: list, kwargs: dict):
     result is float16/bfloat16 and eager computes it in float32 (see the module docstring)."""
     low = low_dtype(node.avals)
     if low is None:
+        return rule.fn(*args, **kwargs)
+    if rule.own_rounding is not None and rule.own_rounding(*args, **kwargs):
         return rule.fn(*args, **kwargs)
     how = policy(node.op, rule.random)
     if how is None:

@@ -26,12 +26,17 @@ class Rule:
     meta: bool = False      # pass aval=ShapeDtypeStruct (or a tuple of them) of the outputs
     static: bool = False    # keep Scalar arguments as compile-time constants
     random: bool = False    # pass key=<jax PRNG key>; the node threads the device RNG state
+    # for a float16/bfloat16 node, ``own_rounding(*args, **kwargs)`` (the original arrays) says
+    # whether the rule spells out eager's roundings itself for these arguments: opmath then
+    # calls it unchanged instead of widening it (see opmath.call)
+    own_rounding: Callable | None = None
 
 
 _RULES: dict = {}
 
 
-def lowering(*ops, meta: bool = False, static: bool = False, random: bool = False):
+def lowering(*ops, meta: bool = False, static: bool = False, random: bool = False,
+             own_rounding: Callable | None = None):
     """Register ``fn`` as the lowering of every aten overload (or packet) in ``ops``."""
 
     def register(fn):
@@ -47,7 +52,7 @@ def lowering(*ops, meta: bool = False, static: bool = False, random: bool = Fals
                 if ov in _RULES:
                     _forget_plans()
                 _RULES[ov] = Rule(fn, f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}",
-                                  meta, static, random)
+                                  meta, static, random, own_rounding)
         return fn
 
     return register
