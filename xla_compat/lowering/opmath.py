@@ -72,7 +72,7 @@ _WIDEN_NAMES = frozenset({
     "_upsample_bicubic2d_aa", "upsample_linear1d_backward", "upsample_bilinear2d_backward",
     "upsample_trilinear3d_backward", "upsample_bicubic2d_backward",
     "_upsample_bilinear2d_aa_backward", "_upsample_bicubic2d_aa_backward",
-    "grid_sampler_2d", "grid_sampler_3d", "grid_sampler_2d_backward", "grid_sampler_3d_backward",
+    "grid_sampler_2d_backward", "grid_sampler_3d_backward",
     # losses
     "mse_loss", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward", "huber_loss",
     "huber_loss_backward", "soft_margin_loss", "soft_margin_loss_backward",
@@ -94,6 +94,8 @@ _OWN_ROUNDING = frozenset({
     # upsampling: weights stored in the half dtype (resample._interpolate; bilinear 2-d
     # takes another kernel, whose float32 weights WIDEN gives)
     "upsample_linear1d", "upsample_trilinear3d", "upsample_bicubic2d",
+    # grid sampling: eager computes each step in the half dtype (resample._half_grid_sample)
+    "grid_sampler_2d", "grid_sampler_3d",
 })
 # Overloads whose rule spells out eager's roundings (pow by a number: x*x*x rounds twice).
 _OWN_ROUNDING_OPS = frozenset({"aten.pow.Tensor_Scalar"})

@@ -349,25 +349,36 @@ def _cubic_coeffs(t, a=-0.75):
     return [cc2(t + 1), cc1(t), cc1(1 - t), cc2(2 - t)]
 
 
+def _inside(idx, sizes):
+    """Whether the integer-valued (float) indices ``idx``, one array per spatial dim, lie in the
+    input (NaN does not)."""
+    valid = True
+    for i, size in zip(idx, sizes):
+        valid = valid & (i >= 0) & (i <= size - 1)
+    return valid
+
+
+def _gather(x, idx):
+    """``x[n, :, i0, i1(, i2)]`` at each output position's integer-valued (float) indices ``idx``
+    (one array per spatial dim, shaped ``(N,) + out``); zero where an index is outside ``x``."""
+    sizes = x.shape[2:]
+    nb, c = x.shape[:2]
+    out_sp = idx[0].shape[1:]
+    strides = [int(np.prod(sizes[d + 1:])) for d in range(len(sizes))]
+    flat = 0
+    for d, i in enumerate(idx):
+        flat = flat + jnp.clip(i, 0, sizes[d] - 1).astype(jnp.int64) * strides[d]
+    v = jnp.take_along_axis(x.reshape(nb, c, -1), flat.reshape(nb, 1, -1), axis=2)
+    v = v.reshape((nb, c) + out_sp)
+    return jnp.where(_inside(idx, sizes)[:, None], v, jnp.zeros((), x.dtype))
+
+
 def _grid_sample(x, grid, mode, padding_mode, align_corners):
     n = grid.shape[-1]
     sizes = x.shape[2:]
-    nb, c = x.shape[:2]
-    out_sp = grid.shape[1:-1]
-    flat_x = x.reshape(nb, c, -1)
-    strides = [int(np.prod(sizes[d + 1:])) for d in range(n)]
     # Grid components are (x, y[, z]): the last spatial dim comes first.
     coords = [grid[..., n - 1 - d].astype(x.dtype) for d in range(n)]
     src = [_unnormalize(cd, sizes[d], align_corners, n == 2) for d, cd in enumerate(coords)]
-
-    def gather(idx):
-        valid = jnp.ones(out_sp, bool)[None]
-        flat = 0
-        for d, i in enumerate(idx):
-            valid = valid & (i >= 0) & (i <= sizes[d] - 1)
-            flat = flat + jnp.clip(i, 0, sizes[d] - 1).astype(jnp.int64) * strides[d]
-        v = jnp.take_along_axis(flat_x, flat.reshape(nb, 1, -1), axis=2).reshape((nb, c) + out_sp)
-        return jnp.where(valid[:, None], v, jnp.zeros((), x.dtype))
 
     if mode == 2:   # bicubic, 2-d only: along x within each of 4 rows, then along y
         (by, bx) = (jnp.floor(s) for s in src)
@@ -378,12 +389,12 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
             row = 0
             for i in range(4):
                 ix = _pad_coord(bx - 1 + i, sizes[1], padding_mode, align_corners)
-                row = row + gather([iy, ix]) * cx[i][:, None]
+                row = row + _gather(x, [iy, ix]) * cx[i][:, None]
             out = out + row * cy[j][:, None]
         return out
     src = [_pad_coord(s, sizes[d], padding_mode, align_corners) for d, s in enumerate(src)]
     if mode == 1:
-        return gather([jnp.round(s) for s in src])   # nearbyint: ties to even
+        return _gather(x, [jnp.round(s) for s in src])   # nearbyint: ties to even
     base = [jnp.floor(s) for s in src]
     out = 0
     for corner in itertools.product((0, 1), repeat=n):
@@ -391,12 +402,206 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
         for d, k in enumerate(corner):
             frac = src[d] - base[d]
             w = w * (frac if k else 1 - frac)
-        out = out + gather([b + k for b, k in zip(base, corner)]) * w[:, None]
+        out = out + _gather(x, [b + k for b, k in zip(base, corner)]) * w[:, None]
     return out
+
+
+# float16/bfloat16: eager computes these in the tensor's own dtype. Both CPU kernels compute in
+# scalar_t: the 2-d one (grid_sampler_2d_cpu_kernel) on Vectorized<Half/BFloat16>, the 3-d one
+# (grid_sampler_3d_cpu_impl) on c10::Half/BFloat16 scalars, and every arithmetic operation of
+# either is done in float32 and rounded back to the dtype before the next one: the unnormalised
+# coordinate, each step of its reflection, the distances, the weights, each product and each
+# partial sum. Rounding the coordinate can move it across a pixel border, so the float32
+# computation can pick other pixels, not just other low bits. The two kernels spell the steps
+# differently, so each has its helpers below (``_vec_*`` for 2-d, ``_scalar_*`` for 3-d). The
+# rule (in opmath's _OWN_ROUNDING) gets the half-dtype operands and rounds each step itself.
+# Not reproduced: what eager's 2-d kernel reads where its 16-bit gather offsets overflow (an
+# image of more than 32767 elements per channel, or a clipped index past a size-1 that the
+# dtype cannot hold, beyond 256 or 2048 pixels), and where a non-finite coordinate with zeros
+# padding becomes an index (undefined in C++); those read pixel 0 or memory outside the image.
+
+class _Half:
+    """float32 arithmetic rounded to a half ``dtype`` after each operation, as one operator of
+    c10::Half/BFloat16 (or Vectorized of them) computes: ``h(a * b)`` is their product."""
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+
+    def __call__(self, v):
+        return opmath.round_to(v, self.dtype).astype(jnp.float32)
+
+    def const(self, v) -> float:
+        """A number as the kernel holds it in the dtype (``static_cast<scalar_t>(v)``)."""
+        return float(np.asarray(v, np.float32).astype(self.dtype))
+
+
+def _vec_clip(c, size, h):
+    """The vectorized kernel's clip to [0, size - 1] (NaN goes to 0)."""
+    c = jnp.where(c > 0, c, 0.0)
+    hi = h.const(size - 1)
+    return jnp.where(c < hi, c, hi)
+
+
+def _vec_unnormalize(g, size, align_corners, h):
+    """[-1, 1] -> index space as (g + 1) * s (- 0.5), s being (size - 1) / 2 or size / 2 held in
+    the dtype."""
+    if align_corners:
+        return h(h(g + 1) * h.const(h.const(size - 1) / 2))
+    return h(h(h(g + 1) * h.const(h.const(size) / 2)) - 0.5)
+
+
+def _vec_reflect(c, size, align_corners, h):
+    """Reflection about the image's edges (pixel centres with ``align_corners``, else the outer
+    edges at -0.5 and size - 0.5): the distance from the low edge less whole double spans (the
+    quotient truncated), folded once more where past one span."""
+    if align_corners:
+        if size <= 1:
+            return jnp.zeros_like(c)
+        twice_span = h.const(h.const(size - 1) * 2)
+        dist = jnp.abs(c)
+    else:
+        twice_span = h.const(h.const(size) * 2)
+        dist = jnp.abs(h(c + 0.5))
+    extra = h(dist - h(jnp.trunc(h(dist / twice_span)) * twice_span))
+    folded = jnp.minimum(extra, h(twice_span - extra))
+    return folded if align_corners else h(folded - 0.5)
+
+
+def _vec_pad(c, size, padding_mode, align_corners, h):
+    """The vectorized kernel's compute_coordinates: border clips, reflection folds then clips."""
+    if padding_mode == 2:
+        c = _vec_reflect(c, size, align_corners, h)
+    if padding_mode in (1, 2):
+        c = _vec_clip(c, size, h)
+    return c
+
+
+def _vec_cubic_coeffs(t, h):
+    """Keys' cubic weights (A = -0.75) of the four taps around fraction ``t``, each polynomial
+    evaluated in the dtype as the vectorized kernel nests it."""
+    a = -0.75
+
+    def outer(v):   # 1 < v < 2
+        return h(h(h(h(h(h(a * v) - 5 * a) * v) + 8 * a) * v) - 4 * a)
+
+    def inner(v):   # v <= 1
+        return h(h(h(h(h((a + 2) * v) - (a + 3)) * v) * v) + 1)
+    return [outer(h(t + 1)), inner(t), inner(h(1 - t)), outer(h(2 - t))]
+
+
+def _weighted_sum(terms, h):
+    """sum(v * w) term by term, each product and each partial sum rounded."""
+    out = None
+    for v, w in terms:
+        p = h(v * w)
+        out = p if out is None else h(out + p)
+    return out
+
+
+def _half_grid_sample_2d(x, gx, gy, mode, padding_mode, align_corners, h):
+    """grid_sampler_2d_cpu_kernel's float16/bfloat16 arithmetic; ``x`` widened to float32."""
+    size_h, size_w = x.shape[2:]
+    if mode == 2:   # bicubic: taps around the unpadded coordinate, each tap padded itself
+        fx = _vec_unnormalize(gx, size_w, align_corners, h)
+        fy = _vec_unnormalize(gy, size_h, align_corners, h)
+        bx, by = jnp.floor(fx), jnp.floor(fy)
+        cx, cy = _vec_cubic_coeffs(h(fx - bx), h), _vec_cubic_coeffs(h(fy - by), h)
+
+        def tap(base, k, size):
+            return jnp.trunc(_vec_pad(h(base + (k - 1)), size, padding_mode, align_corners, h))
+        rows = []
+        for j in range(4):
+            iy = tap(by, j, size_h)
+            rows.append(_weighted_sum(
+                [(_gather(x, [iy, tap(bx, i, size_w)]), cx[i][:, None]) for i in range(4)], h))
+        return _weighted_sum([(rows[j], cy[j][:, None]) for j in range(4)], h)
+    fx = _vec_pad(_vec_unnormalize(gx, size_w, align_corners, h), size_w, padding_mode,
+                  align_corners, h)
+    fy = _vec_pad(_vec_unnormalize(gy, size_h, align_corners, h), size_h, padding_mode,
+                  align_corners, h)
+    if mode == 1:
+        return _gather(x, [jnp.round(fy), jnp.round(fx)])   # ties to even
+    x_w, y_n = jnp.floor(fx), jnp.floor(fy)
+    w, n = h(fx - x_w), h(fy - y_n)        # distances to the west and north sides
+    e, s = h(1 - w), h(1 - n)
+    corners = [(y_n, x_w, h(s * e)), (y_n, x_w + 1, h(s * w)),
+               (y_n + 1, x_w, h(n * e)), (y_n + 1, x_w + 1, h(n * w))]
+    return _weighted_sum([(_gather(x, [iy, ix]), wt[:, None]) for iy, ix, wt in corners], h)
+
+
+def _scalar_unnormalize(g, size, align_corners, h):
+    """grid_sampler_unnormalize in scalar_t: ((g + 1) / 2) * (size - 1), or
+    ((g + 1) * size - 1) / 2."""
+    if align_corners:
+        return h(h(h(g + 1) / 2) * h.const(size - 1))
+    return h(h(h(h(g + 1) * h.const(size)) - 1) / 2)
+
+
+def _scalar_reflect(c, twice_low, twice_high, h):
+    """reflect_coordinates in scalar_t: the distance from the low bound modulo the span, flipped
+    when floor(distance / span), a quotient rounded to the dtype first, is odd."""
+    if twice_low == twice_high:
+        return jnp.zeros_like(c)
+    low = h.const(h.const(twice_low) / 2)
+    span = h.const(h.const(twice_high - twice_low) / 2)
+    dist = jnp.abs(h(c - low))
+    extra = jnp.fmod(dist, span)        # exact
+    odd = jnp.fmod(jnp.floor(h(dist / span)), 2) != 0
+    return jnp.where(odd, h(h(span - extra) + low), h(extra + low))
+
+
+def _scalar_pad(c, size, padding_mode, align_corners, h):
+    """compute_coordinates in scalar_t; its clip std::min(size - 1, std::max(c, 0)) sends NaN to
+    size - 1."""
+    if padding_mode == 2:
+        c = (_scalar_reflect(c, 0, 2 * (size - 1), h) if align_corners
+             else _scalar_reflect(c, -1, 2 * size - 1, h))
+    if padding_mode in (1, 2):
+        c = jnp.where(c < 0, 0.0, c)
+        hi = h.const(size - 1)
+        c = jnp.where(c < hi, c, hi)
+    return c
+
+
+def _half_grid_sample_3d(x, coords, mode, padding_mode, align_corners, h):
+    """grid_sampler_3d_cpu_impl's scalar_t arithmetic; ``coords`` is (z, y, x) and ``x`` widened
+    to float32. Trilinear: each corner's weight is the product of its three distances (x's, then
+    y's, then z's), and the in-bounds corners are added to a zero output in the order
+    tnw, tne, tsw, tse, bnw, bne, bsw, bse."""
+    sizes = x.shape[2:]
+    src = [_scalar_pad(_scalar_unnormalize(c, size, align_corners, h), size, padding_mode,
+                       align_corners, h) for c, size in zip(coords, sizes)]
+    if mode == 1:
+        return _gather(x, [jnp.round(s) for s in src])     # nearbyint: ties to even
+    base = [jnp.floor(s) for s in src]
+    out = jnp.zeros(x.shape[:2] + coords[0].shape[1:], jnp.float32)
+    for corner in itertools.product((0, 1), repeat=3):   # z outermost, x innermost
+        wt = None
+        for k, b, s in reversed(list(zip(corner, base, src))):     # x, y, z
+            d = h(s - h(b)) if k else h(h(b + 1) - s)
+            wt = d if wt is None else h(wt * d)
+        idx = [b + k for b, k in zip(base, corner)]
+        added = h(out + h(_gather(x, idx) * wt[:, None]))
+        out = jnp.where(_inside(idx, sizes)[:, None], added, out)
+    return out
+
+
+def _half_grid_sample(x, grid, mode, padding_mode, align_corners):
+    """F.grid_sample of a float16/bfloat16 ``x`` (and ``grid``) as eager's CPU kernel rounds it."""
+    h = _Half(x.dtype)
+    xf, g = x.astype(jnp.float32), grid.astype(jnp.float32)
+    if grid.shape[-1] == 2:
+        out = _half_grid_sample_2d(xf, g[..., 0], g[..., 1], mode, padding_mode, align_corners, h)
+    else:
+        coords = [g[..., 2], g[..., 1], g[..., 0]]
+        out = _half_grid_sample_3d(xf, coords, mode, padding_mode, align_corners, h)
+    return out.astype(x.dtype)      # every value is already one of the dtype's
 
 
 @lowering(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, static=True)
 def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    if x.dtype in opmath.LOW:
+        return _half_grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
     return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
 
 
