@@ -596,7 +596,8 @@ def run_op(op, path: str, cap: int = 24, dtypes=None, variants=("", "inplace"),
         return [Tally(name, "", "-", path, skipped=1,
                       skip_reason="supports none of float32/int64/bool/bfloat16/float64 on CPU")]
     for dtype in supported:
-        dcap = cap if dtype != torch.bfloat16 else max(cap // 2, 1)
+        # bfloat16: half the cap; a cap of 0 means every sample for every dtype
+        dcap = cap if dtype != torch.bfloat16 or cap == 0 else max(cap // 2, 1)
         try:
             torch.manual_seed(zlib.crc32(f"{name}/{dtype}".encode()))
             with warnings.catch_warnings():
