@@ -89,6 +89,39 @@ def test_conv_transpose1d_and_3d():
           torch.randn(1, 4, 3, 4, 3), torch.randn(4, 1, 2, 3, 2))
 
 
+# Configurations whose kernel outnumbers the input: XLA swaps such a convolution's operands,
+# and the swap of the base-dilated window a stride makes used to abort the whole process
+# ("Window dimensions do not match RHS shape"). Found by a random sweep; (input spatial size,
+# kernel, stride, padding, output_padding, dilation).
+@pytest.mark.parametrize("size,k,stride,padding,output_padding,dilation", [
+    ((1, 6), (2, 2), 2, (0, 2), (0, 1), (2, 1)),
+    ((1, 3), (3, 2), (1, 2), (1, 2), (0, 1), 1),
+    ((5, 1), (2, 3), 2, (1, 2), (0, 1), (1, 2)),
+    ((2, 5), (3, 2), (3, 2), (0, 2), 0, (2, 1)),
+    ((5, 2), (2, 3), 2, (2, 1), 0, (1, 2)),
+    ((1, 4), (3, 2), (1, 2), (1, 2), (0, 1), (2, 1)),
+    ((5, 4, 2), (2, 3, 3), (2, 2, 1), (2, 2, 1), 0, (1, 2, 2)),
+    ((2, 3, 2), (2, 2, 3), (2, 2, 3), (0, 2, 0), (0, 0, 2), (2, 1, 1)),
+])
+def test_conv_transpose_with_a_kernel_larger_than_its_input(size, k, stride, padding,
+                                                             output_padding, dilation):
+    x, w = torch.randn(2, 3, *size), torch.randn(3, 2, *k)
+    conv = F.conv_transpose3d if len(size) == 3 else F.conv_transpose2d
+    check(lambda x, w: conv(x, w, stride=stride, padding=padding, output_padding=output_padding,
+                            dilation=dilation), x, w)
+    # unbatched, the shape the bug was first seen with
+    check(lambda x, w: conv(x, w, stride=stride, padding=padding, output_padding=output_padding,
+                            dilation=dilation), x[0], w)
+
+
+# A strided convolution's input gradient is a transposed convolution of the (small) output's
+# gradient: jax's own vjp handed XLA the base-dilated window its operand swap aborts on.
+@pytest.mark.parametrize("stride", [(3, 2), (2, 2)])
+def test_strided_conv_whose_output_is_smaller_than_its_kernel_has_a_gradient(stride):
+    x, w = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 2, 2)
+    check(lambda x, w: F.conv2d(x, w, stride=stride, padding=(0, 1), dilation=(2, 1)), x, w)
+
+
 def test_conv_gradient_of_input_only():
     w = torch.randn(4, 3, 3, 3)
     check(lambda x: F.conv2d(x, w.to(x.device)), torch.randn(2, 3, 6, 6))

@@ -52,9 +52,16 @@ def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, gro
         wt = jnp.flip(wt, axis=tuple(range(2, 2 + n)))
         lo = [d * (kk - 1) - p for d, kk, p in zip(dilation, k, padding)]
         hi = [l + op for l, op in zip(lo, output_padding)]
+        pads = [(max(a, 0), max(b, 0)) for a, b in zip(lo, hi)]
+        if _operands_may_swap(x.shape[2:], k, stride, dilation, pads):
+            # XLA swaps the operands of a convolution whose kernel outnumbers its input, and
+            # the swap of a base-dilated window can abort the process ("Window dimensions do
+            # not match RHS shape"). Such an input is small: dilate and pad it explicitly.
+            x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), (0, 0, 0)]
+                        + [(a, b, s - 1) for (a, b), s in zip(pads, stride)])
+            stride, pads = (1,) * n, [(0, 0)] * n
         y = lax.conv_general_dilated(
-            x, wt, window_strides=(1,) * n,
-            padding=[(max(a, 0), max(b, 0)) for a, b in zip(lo, hi)],
+            x, wt, window_strides=(1,) * n, padding=pads,
             lhs_dilation=stride, rhs_dilation=dilation, dimension_numbers=_spec(n),
             feature_group_count=groups, precision=_HIGHEST)
         # Padding larger than the kernel reach crops the result instead.
@@ -64,6 +71,18 @@ def _conv(x, w, bias, stride, padding, dilation, transposed, output_padding, gro
     if bias is not None:
         y = y + bias.reshape((1, -1) + (1,) * n).astype(y.dtype)
     return y
+
+
+def _operands_may_swap(size, k, stride, dilation, pads) -> bool:
+    """Whether XLA's convolution operand swap may take a transposed convolution's window: a
+    product of kernel sizes larger than that of input sizes, with or without the dims the swap
+    leaves alone (a kernel of 2 over a base dilation of 2, no padding, no kernel dilation)."""
+    kernel = input_ = kept_kernel = kept_input = 1
+    for n, kk, s, d, (a, b) in zip(size, k, stride, dilation, pads):
+        kernel, input_ = kernel * kk, input_ * n
+        if not (kk == 2 and s == 2 and d == 1 and a == b == 0):
+            kept_kernel, kept_input = kept_kernel * kk, kept_input * n
+    return kernel > input_ or kept_kernel > kept_input
 
 
 def _batched(x, w):
@@ -195,17 +214,38 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
     xb = _batched(x, w)
     gb = grad[None] if unbatched else grad
 
+    gb = gb.astype(xb.dtype)
+
     def f(xx, ww):
         return _conv(xx, ww, None, stride, padding, dilation, transposed, output_padding, groups)
 
-    _, vjp = jax.vjp(f, xb, w)
-    gx, gw = vjp(gb.astype(xb.dtype))
+    if transposed:
+        _, vjp = jax.vjp(f, xb, w)
+        gx, gw = vjp(gb)
+    else:
+        # The input's gradient is the transposed convolution of the output's gradient, taken
+        # through _conv (whose guard keeps XLA's operand swap off base-dilated windows: jax's
+        # own vjp would hand XLA exactly such a window).
+        gx = _conv(gb, w, None, stride, padding, dilation, True,
+                   _covering_padding(xb.shape[2:], gb.shape[2:], w.shape[2:], stride, padding,
+                                     dilation), groups) if output_mask[0] else None
+        gw = jax.vjp(lambda ww: f(xb, ww), w)[1](gb)[0] if output_mask[1] else None
     gbias = jnp.sum(gb, axis=(0,) + tuple(range(2, gb.ndim))) if output_mask[2] else None
     return (
         (gx[0] if unbatched else gx) if output_mask[0] else None,
         gw if output_mask[1] else None,
         gbias,
     )
+
+
+def _covering_padding(size, out, k, stride, padding, dilation) -> tuple:
+    """The output padding that makes the transposed convolution of an output of spatial size
+    ``out`` as large as the input (``size``) it came from: the input's last elements a stride
+    skipped get gradient zero."""
+    n = len(k)
+    stride, padding, dilation = _expand(stride, n), _expand(padding, n), _expand(dilation, n)
+    return tuple(i - ((o - 1) * s - 2 * p + d * (kk - 1) + 1)
+                 for i, o, kk, s, p, d in zip(size, out, k, stride, padding, dilation))
 
 
 # -- im2col / col2im (nn.Unfold / nn.Fold) ------------------------------------------------------
