@@ -39,13 +39,22 @@ def assert_bit_exact(actual, expected):
     assert differ == 0, f"{differ} of {expected.numel()} elements differ from eager"
 
 
-def assert_nearly_bit_exact(actual, expected, max_fraction):
+def assert_nearly_bit_exact(actual, expected, max_fraction, terms=None):
     """Every element within one unit in the last place of eager's, and at most
-    ``max_fraction`` of them not bit-equal."""
+    ``max_fraction`` of them not bit-equal. With ``terms`` (the summed magnitudes of the terms
+    each element adds up), an element further off must be within one rounding of those
+    terms (a bfloat16 unit, 2**-7 relative)."""
     a = actual.detach().cpu()
     assert a.dtype == expected.dtype and a.shape == expected.shape
     same = (a == expected) | (a.isnan() & expected.isnan())     # +0 and -0 count as equal
+    if terms is not None:
+        error = (a.double() - expected.double()).abs()
+        beyond = error > terms * 2.0 ** -7
+        assert not beyond.any(), (f"{beyond.sum().item()} elements off by more than one "
+                                  f"rounding of their terms: {error[beyond][:4].tolist()}")
     ulps = (_bits(a).int() - _bits(expected).int()).abs().masked_fill(same, 0)
+    if terms is not None:
+        ulps = ulps.clamp(max=1)    # the bound above held: count the element as one apart
     assert ulps.max().item() <= 1, f"{ulps.max().item()} units apart"
     fraction = (ulps > 0).float().mean().item()
     assert fraction <= max_fraction, f"{fraction:.2%} of elements differ from eager"
@@ -87,19 +96,28 @@ def _conv_case(name, dtype, seed=0):
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("name", list(CONV_CASES))
 def test_conv_transpose_matches_eager_bitwise(path, dev, name, dtype):
-    if _onednn_half(dtype):
-        pytest.skip("eager runs oneDNN for this dtype on this CPU (float32, one rounding)")
     fn, x, w, b, kw = _conv_case(name, dtype)
     expected = fn(x, w, b, **kw)
     got = fn(x.to(dev), w.to(dev), None if b is None else b.to(dev), **kw)
-    assert_bit_exact(got, expected)
+    assert_conv_transpose_matches(got, expected, kw)
+
+
+def assert_conv_transpose_matches(got, expected, kw):
+    """Bit-exact where eager runs its "slow" kernel (whose roundings the lowering spells out);
+    where it runs oneDNN (a CPU with native bf16/fp16, no output padding reaching its stride),
+    float32 arithmetic rounded once: the summation order inside oneDNN decides a few
+    roundings, so one unit in the last place on at most 2% of the elements."""
+    onednn = _onednn_half(expected.dtype) and all(
+        o < s for o, s in zip(kw["output_padding"], kw["stride"]))
+    if onednn:
+        assert_nearly_bit_exact(got, expected, 0.02)
+    else:
+        assert_bit_exact(got, expected)
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_conv_transpose_random_configurations_match_eager_bitwise(path, dev, dtype):
     """Random strides, paddings, output paddings, dilations, groups and batch sizes."""
-    if _onednn_half(dtype):
-        pytest.skip("eager runs oneDNN for this dtype on this CPU")
     rnd = random.Random(1234)
     gen = torch.Generator().manual_seed(1234)
     checked = 0
@@ -123,7 +141,7 @@ def test_conv_transpose_random_configurations_match_eager_bitwise(path, dev, dty
         kw = dict(stride=s, padding=p, output_padding=op, dilation=d, groups=g)
         expected = CONV[nd](x, w, b, **kw)
         got = CONV[nd](x.to(dev), w.to(dev), None if b is None else b.to(dev), **kw)
-        assert_bit_exact(got, expected)
+        assert_conv_transpose_matches(got, expected, kw)
         checked += 1
 
 
@@ -225,8 +243,38 @@ def test_sdpa_backward_matches_eager_bfloat16(path, dev, name):
     F.scaled_dot_product_attention(*leaves, **kw).backward(grad)
     dleaves = [t.to(dev).detach().requires_grad_() for t in (q, k, v)]
     F.scaled_dot_product_attention(*dleaves, **_on(dev, kw)).backward(grad.to(dev))
-    for d, c in zip(dleaves, leaves):
-        assert_nearly_bit_exact(d.grad, c.grad, 0.002)
+    # Where eager's half GEMMs run oneDNN (a CPU with native bf16), its float32 sums of
+    # q @ k.T take another order than the kernel's own GEMM: a probability can round to the
+    # other bfloat16 neighbour, and a gradient summing terms that cancel moves by more than a
+    # unit. Such an element must stay within one rounding of the terms it sums.
+    terms = _sdpa_gradient_terms(q, k, v, kw, grad) if _onednn_half(torch.bfloat16) else None
+    for i, (d, c) in enumerate(zip(dleaves, leaves)):
+        assert_nearly_bit_exact(d.grad, c.grad, 0.002, None if terms is None else terms[i])
+
+
+def _sdpa_gradient_terms(q, k, v, kw, grad):
+    """For each of (dq, dk, dv): the sum of the magnitudes of the terms each element adds up
+    (float64), e.g. |p|.T @ |grad| for dv."""
+    q, k, v, grad = (t.double() for t in (q, k, v, grad))
+    h, hk, L, E = q.shape[1], k.shape[1], q.shape[2], q.shape[3]
+    group = h // hk
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scale = kw["scale"] or E ** -0.5
+    s = q @ k.transpose(-1, -2) * scale
+    mask = kw["attn_mask"]
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.double()
+    if kw["is_causal"]:
+        s = s.masked_fill(torch.ones(L, s.shape[-1]).triu(1).bool(), float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    ds = p * (grad @ v.transpose(-1, -2) - (grad * (p @ v)).sum(-1, keepdim=True))
+    dq = scale * ds.abs() @ k.abs()
+    dk = scale * ds.abs().transpose(-1, -2) @ q.abs()
+    dv = p.transpose(-1, -2) @ grad.abs()
+
+    def fold(t):
+        return t.reshape(t.shape[0], hk, group, *t.shape[2:]).sum(2)
+    return dq, fold(dk), fold(dv)
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
