@@ -58,7 +58,13 @@ def track(w: torch.Tensor) -> torch.Tensor:
         _wrappers[key] = w
         weakref.finalize(w, _forget(key))
         inner_t = torch._from_functional_tensor(w)
-        _alias_of_wrapper[key] = alias_id(inner_t)
+        aid = _alias_of_wrapper[key] = alias_id(inner_t)
+        last = getattr(inner_t, "_last_data", None)
+        if last is not None:
+            # the value it holds now (a transfer's, a parameter's): what an in-place op that
+            # replaces its inner tensor before any sync returns to on failure, and the buffer
+            # that op's result is donated (``executor._predecessors``)
+            remember(aid, last)
     return w
 
 

@@ -324,3 +324,56 @@ def test_a_syncs_output_leaves_are_what_the_arrays_say(path, dev, dtype):
     ref = torch.arange(12).reshape(3, 4).to(dtype)
     ref = ((ref + ref) if dtype is not torch.bool else (ref | ref)).t()
     assert_same(w, ref * 2 if dtype is not torch.bool else ~ref)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd-momentum", "adamw"])
+def test_each_donated_buffer_goes_to_its_own_tensors_new_value(path, dev, monkeypatch, optimizer):
+    """jax pairs the k-th donated input of a shape with the k-th output of that shape. A weight's
+    buffer paired with its gradient makes XLA copy the weight (it is still read after the
+    gradient is written); so every donated buffer must meet the new value of the tensor that
+    held it, optimizer state included (on the functional path upstream makes those wrappers,
+    which no boundary of ours sees)."""
+    from xla_compat import paths
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU(),
+                                torch.nn.Linear(6, 6)).to(dev)
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+           if optimizer == "sgd-momentum" else torch.optim.AdamW(model.parameters(), lr=0.01))
+    x = torch.randn(4, 6).to(dev)
+
+    def named_tensors():
+        out = {}
+        for i, p in enumerate(model.parameters()):
+            out[f"param{i}"] = p
+            for k, v in opt.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor) and v.device.type == dev.type and v.dim():
+                    out[f"{k}{i}"] = v
+        return out
+
+    graphs = []
+    collect = executor.collect
+    monkeypatch.setattr(executor, "collect",
+                        lambda *a, **k: graphs.append(collect(*a, **k)) or graphs[-1])
+    checked = 0
+    for step in range(4):
+        xc.sync()
+        held = {id(paths.inner_tensor(t)._value.node): name for name, t in named_tensors().items()}
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+        new = {paths.inner_tensor(t)._value: name for name, t in named_tensors().items()}
+        graphs.clear()
+        xc.sync()
+        (graph,) = graphs
+        outputs_of: dict = {}
+        for v in graph.roots:
+            outputs_of.setdefault(v.aval, []).append(v)
+        taken: dict = {}
+        for i in graph.donate:
+            leaf = graph.leaves[i]
+            k = taken[leaf.avals[0]] = taken.get(leaf.avals[0], -1) + 1
+            if id(leaf) in held:
+                paired = outputs_of[leaf.avals[0]][k]
+                assert new.get(paired) == held[id(leaf)], (step, held[id(leaf)], new.get(paired))
+                checked += 1
+    assert checked >= 8, checked

@@ -683,7 +683,11 @@ def register_predecessors(fn) -> None:
 
 
 def _predecessors(pending) -> dict:
-    """{pending root: id of the leaf it replaces}, one root per leaf, same shape and dtype."""
+    """{pending root: id of the leaf it replaces}, one root per leaf, same shape and dtype.
+
+    A tensor's own last value comes first; a root of a tensor with none (an optimizer's state
+    on the functional path: upstream makes its wrapper, which no boundary sees) pairs with the
+    leaf its update chain starts from (``_updated_leaf``), if no root claimed that leaf."""
     pairs = [(t._value, t._last_data) for t in pending]
     for fn in _predecessor_fns:
         pairs.extend(fn())
@@ -694,7 +698,34 @@ def _predecessors(pending) -> dict:
             continue
         out[value] = id(last.node)
         taken.add(id(last.node))
+    for t in pending:
+        value = t._value
+        if t._last_data is None and value not in out:
+            leaf = _updated_leaf(value)
+            if leaf is not None and id(leaf) not in taken:
+                out[value] = id(leaf)
+                taken.add(id(leaf))
     return out
+
+
+def _updated_leaf(value: Value, limit: int = 8):
+    """The device-data node an in-place update chain ending in ``value`` started from, or None.
+
+    ``x.mul_(a).add_(b)`` traces as ``add(mul(x, a), b)``: each step's updated operand is its
+    first input, and a foreach op's k-th output updates its k-th input. Only a guess of which
+    buffer ``value`` replaces, so only an ordering hint (``_donation_order``): a wrong one costs
+    XLA a copy, never a wrong result."""
+    aval = value.aval
+    for _ in range(limit):
+        node = value.node
+        if node.rule is None:
+            return node if type(node) is DeviceData else None
+        if value.index >= len(node.inputs) or "_like." in node.op:
+            return None        # (``zeros_like(p)`` takes only p's shape: a new tensor)
+        value = node.inputs[value.index]
+        if value.aval != aval:
+            return None
+    return None
 
 
 _extra_root_fns: list = []
