@@ -212,9 +212,7 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
                          output_padding, groups, output_mask):
     unbatched = x.ndim == w.ndim - 1
     xb = _batched(x, w)
-    gb = grad[None] if unbatched else grad
-
-    gb = gb.astype(xb.dtype)
+    gb = (grad[None] if unbatched else grad).astype(xb.dtype)
 
     def f(xx, ww):
         return _conv(xx, ww, None, stride, padding, dilation, transposed, output_padding, groups)
