@@ -62,9 +62,10 @@ def view(func, args, kwargs=None):
     key = tuple(parts)
     plan = _VIEW_PLANS.get(key)
     if plan is None:
+        steps: list = []
         with lock:
-            out = ops.make_view(func, ops.VIEWS[func], args, {})
-        _remember_view(key, x, out)
+            out = ops.make_view(func, ops.VIEWS[func], args, {}, steps)
+        _remember_view(key, x, out, steps[0] if steps else None)
         return out
     alias, chain = x._alias, x._chain
     if plan[2]:
@@ -73,25 +74,32 @@ def view(func, args, kwargs=None):
 
 
 def _member(alias, chain, m) -> LegacyTensor:
+    if len(chain) > 1 or chain and type(chain[0]) is views.Reshape:
+        chain = views.fold(chain, alias.root.shape)
     t = LegacyTensor(_UNREAD, m.shape, m.dtype, m.stride, m.offset, alias=alias, chain=chain)
     t._geo = (m.shape, m.stride, m.dtype, m.offset)   # (a plan key's geometry, _geometry_of)
     return t
 
 
-def _suffix(x, t):
+def _suffix(x, t, chain):
+    """The steps the view op appended to ``x``'s chain to make ``t`` (``chain``: the handler's,
+    before folding), or None where ``t`` is not an extension of ``x``."""
     n = len(x._chain)
-    return t._chain[n:] if t._alias is x._alias and t._chain[:n] == x._chain else None
+    if t._alias is not x._alias or type(chain) is not tuple or chain[:n] != x._chain:
+        return None
+    return chain[n:]
 
 
-def _remember_view(key, x, out) -> None:
+def _remember_view(key, x, out, chains) -> None:
     if isinstance(out, LegacyTensor):
-        s = _suffix(x, out)
+        s = _suffix(x, out, chains)
         if s is not None:
             tracer.keep(_VIEW_PLANS, key, (_vmeta(out), s, True), _LIMIT)
         return
-    if not isinstance(out, (list, tuple)):
+    if not isinstance(out, (list, tuple)) or not isinstance(chains, (list, tuple)) \
+            or len(chains) != len(out):
         return
-    suffixes = tuple(_suffix(x, t) for t in out)
+    suffixes = tuple(_suffix(x, t, c) for t, c in zip(out, chains))
     if any(s is None for s in suffixes):
         return
     tracer.keep(_VIEW_PLANS, key, (tuple(_vmeta(t) for t in out), suffixes, False), _LIMIT)

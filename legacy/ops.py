@@ -159,18 +159,23 @@ def view_meta(func, x, args, kwargs):
     return out
 
 
-def make_view(func, handler, args, kwargs):
+def make_view(func, handler, args, kwargs, steps=None):
+    """The view(s) ``func`` makes of ``args[0]``; ``steps``, if given, gets the chains the handler
+    built (before ``views.fold``: what a view plan appends, ``fast.py``)."""
     x = args[0]
     out = view_meta(func, x, tuple(args[1:]), kwargs)
     chains = handler(x, out, *args[1:], **kwargs)
+    if steps is not None:
+        steps.append(chains)
     if isinstance(out, VMeta):
         return _member(x, out, chains)
     return type(out)(_member(x, m, c) for m, c in zip(out, chains))
 
 
 def _member(x: LegacyTensor, meta: VMeta, chain: tuple) -> LegacyTensor:
+    alias = x._alias
     return LegacyTensor(_UNREAD, meta.shape, meta.dtype, meta.stride, meta.offset,
-                        alias=x._alias, chain=chain)
+                        alias=alias, chain=views.fold(chain, alias.root.shape))
 
 
 @view_op(aten.alias.default, aten.detach.default, aten.lift_fresh.default)

@@ -341,6 +341,26 @@ class Rebox:
         return self.dst.from_box_layout(self.src.to_box_layout(value))
 
 
+def fold(chain: tuple, root_shape: tuple) -> tuple:
+    """``chain`` (whose steps but the last are folded already) with its tail folded: a reshape of
+    a reshape is one reshape, a permute of a permute one permute (none when it is the identity),
+    and a lone reshape to the root's own shape is no step. A view that is its base then reads
+    the base's value itself: autograd's weight gradient ``mm(..).t().t()`` is one value, not a
+    base and a copy of it (a sync that keeps both outputs them twice, and XLA copies)."""
+    while len(chain) >= 2:
+        a, b = chain[-2], chain[-1]
+        if type(a) is Reshape and type(b) is Reshape:
+            chain = chain[:-2] + (b,)
+        elif type(a) is Permute and type(b) is Permute:
+            dims = tuple(a.dims[i] for i in b.dims)
+            chain = chain[:-2] + (() if dims == tuple(range(len(dims))) else (Permute(dims),))
+        else:
+            break
+    if len(chain) == 1 and type(chain[0]) is Reshape and chain[0].shape == tuple(root_shape):
+        return ()
+    return chain
+
+
 def read(base, chain: tuple):
     box = _box(chain, base.shape)
     if box is not None:

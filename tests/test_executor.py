@@ -377,3 +377,20 @@ def test_each_donated_buffer_goes_to_its_own_tensors_new_value(path, dev, monkey
                 assert new.get(paired) == held[id(leaf)], (step, held[id(leaf)], new.get(paired))
                 checked += 1
     assert checked >= 8, checked
+
+
+def test_nested_recordings_each_keep_their_own_list(path, dev):
+    """A recording inside another (an ``xc.compile`` step recorded under a test's or a tool's
+    recording) sees the same syncs, so the two lists compare equal; leaving the inner block
+    must stop the inner list, not the outer one."""
+    w = torch.randn(4, 3, device=dev)
+    xc.sync()
+    outer, inner = [], []
+    with executor.recording(outer):
+        with executor.recording(inner):
+            w.add_(1)
+            xc.sync()
+        assert inner == outer and len(outer) == 1
+        w.add_(1)
+        xc.sync()
+    assert len(outer) == 2 and len(inner) == 1

@@ -855,7 +855,8 @@ def recording(runs: list):
     try:
         yield runs
     finally:
-        _recorders.remove(runs)
+        # by identity: a nested recording's list may hold the same runs, and so compare equal
+        del _recorders[next(i for i, r in enumerate(_recorders) if r is runs)]
 
 
 def sync_all() -> None:
