@@ -394,3 +394,24 @@ def test_nested_recordings_each_keep_their_own_list(path, dev):
         w.add_(1)
         xc.sync()
     assert len(outer) == 2 and len(inner) == 1
+
+
+def test_dispatched_outputs_are_compacted_once_the_list_doubles(monkeypatch):
+    """A job that never calls wait_device_ops keeps every dispatched output listed; when they
+    are all alive (its state), dropping dead references on every sync would cost the whole
+    list per sync. The list is compacted again only once it has doubled."""
+    class Out:
+        pass
+    monkeypatch.setattr(executor, "_dispatched", [])
+    monkeypatch.setattr(executor, "_compact_at", 4096)
+    alive = [Out() for _ in range(5000)]
+    executor._note_dispatched(alive)              # over 4096: compacted, all alive
+    assert len(executor._dispatched) == 5000 and executor._compact_at == 10000
+    for k in range(100):                           # 100 syncs of 40 live outputs: no walk
+        more = [Out() for _ in range(40)]
+        alive += more
+        executor._note_dispatched(more)
+    assert len(executor._dispatched) == 9000 and executor._compact_at == 10000
+    del alive[:6000]                               # dead ones go at the next compaction
+    executor._note_dispatched([Out() for _ in range(1001)])   # (alive during the call)
+    assert len(executor._dispatched) == 4001 and executor._compact_at == 8002

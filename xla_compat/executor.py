@@ -918,12 +918,17 @@ def compiled_text() -> str:
 # Live tensors alone miss buffers only a path holds (legacy alias bases), whose graphs would
 # otherwise still run after wait_device_ops returned.
 _dispatched: list = []
+_compact_at = 4096        # the list's length that prompts dropping dead references
 
 
 def _note_dispatched(outputs) -> None:
+    global _compact_at
     _dispatched.extend(map(weakref.ref, outputs))
-    if len(_dispatched) > 4096:
+    if len(_dispatched) > _compact_at:
         _dispatched[:] = [r for r in _dispatched if r() is not None]
+        # A job that never waits keeps its state's buffers listed (all alive): compacting again
+        # only once the list has doubled keeps the cost per output constant.
+        _compact_at = max(4096, 2 * len(_dispatched))
 
 
 def wait_device_ops() -> None:
