@@ -42,3 +42,21 @@ def test_a_program_prints_as_a_runnable_script(tmp_path):
     ns: dict = {"__name__": "__main__"}
     exec(compile(script.read_text(), str(script), "exec"), ns)
     assert "expect_error(" in program.to_source() and "reads = []" in program.to_source()
+
+
+def test_strides_that_differ_in_size_one_dims_only_are_told_apart():
+    """The open size-1-dim stride issue is counted as known on the functional path only; any
+    other stride difference stays a failure."""
+    import pytest
+    import torch
+    from .check import Disagreement, compare, known
+    want = torch.zeros(3, 1)                              # strides (1, 1)
+    free = torch.zeros(1, 3).t()                          # (3, 1) with strides (1, 3)
+    moved = torch.zeros(1, 3).expand(3, 3)[:, :1]         # (3, 1) with strides (0, 1)
+    with pytest.raises(Disagreement) as e:
+        compare({"t0": free}, {"t0": want}, "functional")
+    assert "size-1 dims only" in str(e.value)
+    assert known("functional", str(e.value)) and not known("legacy", str(e.value))
+    with pytest.raises(Disagreement) as e:
+        compare({"t0": moved}, {"t0": want}, "functional")
+    assert "size-1" not in str(e.value) and not known("functional", str(e.value))
