@@ -13,7 +13,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from xla_compat import metrics, sharding
+from xla_compat import executor, metrics, sharding
 from xla_compat.executor import touch as _touch, touch_for as _touch_for
 from xla_compat.lazy.ir import Aval, DeviceData, Node, Poisoned, Slot, Value
 
@@ -183,6 +183,7 @@ def bind_members(fn) -> None:
     _members = fn
 
 
+@executor.per_sync
 def live_aliases() -> list:
     """The storages live legacy tensors view, in creation order (an alias no tensor reaches is
     no storage a program can read: nothing materialises it). Tensors whose storage has no
@@ -198,6 +199,7 @@ def live_aliases() -> list:
     return out
 
 
+@executor.per_sync
 def loose_tensors() -> list:
     """Live legacy tensors whose storage has no Alias yet (an op's result nothing has viewed or
     written): each is its storage's only member, and its ``_v`` is current."""

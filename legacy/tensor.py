@@ -19,7 +19,7 @@ import torch
 
 from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
-from xla_compat import _jax
+from xla_compat import _jax, executor
 from xla_compat.lazy.ir import Aval, Node, Value
 from xla_compat.lazy.tensor import DEVICE, LazyTensor, lock
 from xla_compat.lazy.weakreg import WeakRegistry
@@ -159,7 +159,9 @@ class LegacyTensor(LazyTensor):
         _core_tensor.take_geometry(self, new)
         self._join(new)
 
+@executor.per_sync
 def legacy_tensors() -> list:
+    """Every live LegacyTensor (once per sync: the path's sync hooks share the walk)."""
     return _tensors.values()
 
 

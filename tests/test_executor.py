@@ -415,3 +415,30 @@ def test_dispatched_outputs_are_compacted_once_the_list_doubles(monkeypatch):
     del alive[:6000]                               # dead ones go at the next compaction
     executor._note_dispatched([Out() for _ in range(1001)])   # (alive during the call)
     assert len(executor._dispatched) == 4001 and executor._compact_at == 8002
+
+
+def test_a_per_sync_walk_runs_once_in_a_sync_and_every_time_outside(path, dev):
+    """``executor.per_sync``: the legacy path's hooks walk its live tensors through it (five
+    walks a sync became one); outside a sync, and in the next sync, it computes afresh."""
+    calls = []
+
+    @executor.per_sync
+    def walk():
+        calls.append(1)
+        return [len(calls)]
+
+    seen = []
+
+    def roots():
+        seen.append((walk(), walk()))
+        return []
+    w = torch.randn(3, device=dev)
+    xc.sync()
+    with executor.extra_roots(roots):
+        for _ in range(2):
+            w.add_(1)
+            xc.sync()
+    assert [a is b for a, b in seen] == [True, True] and seen[0][0] != seen[1][0]
+    n = len(calls)
+    walk(), walk()
+    assert len(calls) == n + 2

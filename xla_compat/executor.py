@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import threading
 import time
 import weakref
@@ -503,71 +504,103 @@ def _mark_quiet() -> None:
     _quiet_at = next(ir._ids)
 
 
+# The running sync's memo (``per_sync``): (thread id, {fn: result}), None outside a sync.
+_sync_memo = None
+
+
+def per_sync(fn):
+    """``fn()`` computed once per sync: inside ``sync_tensors`` (its thread, the lock held) the
+    first call's result is returned again, so the walks a path makes from several hooks (its
+    extra roots, held values, predecessors, rebinding) share one; outside a sync every call
+    computes. The result must not be changed by its callers."""
+    @functools.wraps(fn)
+    def memoised():
+        scope = _sync_memo
+        if scope is None or scope[0] != threading.get_ident():
+            return fn()
+        memo = scope[1]
+        out = memo.get(fn)
+        if out is None:
+            out = memo[fn] = fn()
+        return out
+    return memoised
+
+
 def sync_tensors(tensors=None, *, mark_step: bool = False) -> None:
     """Materialise ``tensors`` (all live tensors with pending IR when None)."""
-    global _quiet_at
+    global _sync_memo
     autograd_thread.claim()
     with lock:
-        _quiet_at = -2
-        sharding.apply_all()     # marked tensors' current values take their layout
-        full = tensors is None
-        if full:
-            tensors = live_tensors()
-            _tensor.settle_mix_guard(tensors)
-        pending = [t for t in tensors if not t._value.node.is_leaf]
-        roots: list[Value] = []
-        seen = set()
-        for t in pending:
-            if t._value not in seen:
-                seen.add(t._value)
-                roots.append(t._value)
-        extra = _extra_roots() if full else []
-        for v in extra:
-            if v not in seen:
-                seen.add(v)
-                roots.append(v)
-        if mark_step:
-            metrics.inc("MarkStep")
-        if not roots:
-            if full:
-                _mark_quiet()
-            return
-        # A drawn key is materialised by every sync that runs a graph, a partial one (``.cpu()``,
-        # ``.item()``) included: left pending, the next graph would take the whole chain of
-        # earlier draws as its input, growing and compiling anew at every draw.
-        rng_state = rng.pending()
-        if rng_state is not None and rng_state not in seen:
-            roots.append(rng_state)
-        donatable = frozenset()
-        predecessor = None
-        if full and settings.get().donate:
-            held = _held_leaf_ids(exclude={id(t) for t in pending})
-
-            def donatable(leaves):
-                return {id(n) for n in leaves if type(n) is DeviceData and id(n) not in held}
-            predecessor = _predecessors(pending)
+        outer, _sync_memo = _sync_memo, (threading.get_ident(), {})
         try:
-            graph, compiled, outputs = _execute(roots, donatable, predecessor)
-        except BaseException as e:
-            _rollback(pending, e, None if full else roots)
-            raise
-        mapping: dict = {}
-        if graph.mesh is None:
-            make = ir.output_leaf     # (a root that is itself a leaf, rare, as it always was)
-            for v, arr in zip(graph.roots, outputs):
-                mapping[v] = make(arr, v.aval) if v.node.rule is not None else ir.leaf(arr)
-            if CHECK_OUTPUTS:
-                _check_output_leaves(graph.roots, outputs)
-        else:
-            for v, arr in zip(graph.roots, outputs):
-                mapping[v] = ir.leaf(arr)
-        for runs in _recorders:
-            runs.append((graph, compiled, mapping))
-        if rng_state is not None:
-            rng.set_materialized(rng_state, mapping[rng_state])
-        _bind(mapping)
+            _sync_tensors(tensors, mark_step)
+        finally:
+            _sync_memo = outer
+
+
+def _sync_tensors(tensors, mark_step: bool) -> None:
+    """``sync_tensors``' work, the lock held and the sync's memo set."""
+    global _quiet_at
+    _quiet_at = -2
+    sharding.apply_all()     # marked tensors' current values take their layout
+    full = tensors is None
+    if full:
+        tensors = live_tensors()
+        _tensor.settle_mix_guard(tensors)
+    pending = [t for t in tensors if not t._value.node.is_leaf]
+    roots: list[Value] = []
+    seen = set()
+    for t in pending:
+        if t._value not in seen:
+            seen.add(t._value)
+            roots.append(t._value)
+    extra = _extra_roots() if full else []
+    for v in extra:
+        if v not in seen:
+            seen.add(v)
+            roots.append(v)
+    if mark_step:
+        metrics.inc("MarkStep")
+    if not roots:
         if full:
             _mark_quiet()
+        return
+    # A drawn key is materialised by every sync that runs a graph, a partial one (``.cpu()``,
+    # ``.item()``) included: left pending, the next graph would take the whole chain of
+    # earlier draws as its input, growing and compiling anew at every draw.
+    rng_state = rng.pending()
+    if rng_state is not None and rng_state not in seen:
+        roots.append(rng_state)
+    donatable = frozenset()
+    predecessor = None
+    if full and settings.get().donate:
+        held = _held_leaf_ids(exclude={id(t) for t in pending})
+
+        def donatable(leaves):
+            return {id(n) for n in leaves if type(n) is DeviceData and id(n) not in held}
+        predecessor = _predecessors(pending)
+    try:
+        graph, compiled, outputs = _execute(roots, donatable, predecessor)
+    except BaseException as e:
+        _rollback(pending, e, None if full else roots)
+        raise
+    mapping: dict = {}
+    if graph.mesh is None:
+        make = ir.output_leaf     # (a root that is itself a leaf, rare, as it always was)
+        for v, arr in zip(graph.roots, outputs):
+            mapping[v] = make(arr, v.aval) if v.node.rule is not None else ir.leaf(arr)
+        if CHECK_OUTPUTS:
+            _check_output_leaves(graph.roots, outputs)
+    else:
+        for v, arr in zip(graph.roots, outputs):
+            mapping[v] = ir.leaf(arr)
+    for runs in _recorders:
+        runs.append((graph, compiled, mapping))
+    if rng_state is not None:
+        rng.set_materialized(rng_state, mapping[rng_state])
+    _bind(mapping)
+    if full:
+        _mark_quiet()
 
 
 def _bind(mapping: dict) -> None:
