@@ -114,6 +114,30 @@ def test_conv_transpose_with_a_kernel_larger_than_its_input(size, k, stride, pad
                             dilation=dilation), x[0], w)
 
 
+# CPU eager returns the empty output of a batched transposed convolution whose computed size is
+# exactly 0 (torch's meta kernel calls it "too small"; the random sweep found it at seed 73).
+@pytest.mark.parametrize("size,k,stride,padding,output_padding,dilation,bias", [
+    ((1, 1), (2, 4), (2, 3), (1, 4), (0, 1), (1, 2), False),    # both dims empty
+    ((3, 1), (2, 4), (2, 3), (1, 4), (0, 1), (1, 2), True),     # one dim empty
+    ((1,), (2,), 1, 1, 0, 1, True),
+    ((2, 1, 2), (1, 2, 1), 1, (0, 1, 0), 0, 1, True),
+])
+def test_transposed_conv_with_an_empty_output_is_empty_as_in_eager(size, k, stride, padding,
+                                                                  output_padding, dilation,
+                                                                  bias):
+    import xla_compat as xc
+    conv = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[len(size)]
+    x, w, b = torch.randn(2, 3, *size), torch.randn(3, 2, *k), torch.randn(2) if bias else None
+
+    def fn(x, w, b=None):
+        return conv(x, w, b, stride=stride, padding=padding, output_padding=output_padding,
+                    dilation=dilation)
+    want = check(fn, x, w, *([b] if bias else []))
+    assert 0 in want[0].shape
+    got = fn(x.to(xc.device()), w.to(xc.device()))
+    assert got.shape == want[0].shape and got.stride() == fn(x, w).stride()
+
+
 # A strided convolution's input gradient is a transposed convolution of the (small) output's
 # gradient: jax's own vjp handed XLA the base-dilated window its operand swap aborts on.
 @pytest.mark.parametrize("stride", [(3, 2), (2, 2)])

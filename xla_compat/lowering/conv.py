@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..lazy import tracer
 from . import opmath
 from .registry import aten, lowering
 
@@ -189,6 +190,46 @@ def _transposed_by_columns(x, w, bias, stride, padding, dilation, output_padding
     if bias is not None:
         out = out + bias.astype(jnp.float32).reshape((1, -1) + (1,) * n)
     return opmath.round_to(out, low)
+
+
+def _empty_transposed(bound):
+    """For a batched transposed convolution whose output has a spatial size of exactly 0 (CPU
+    eager returns that empty output; torch's meta kernel calls it "too small"): the padding that
+    gives the meta kernel a size of 2 there, and the empty output's shape; else None."""
+    x, w = bound.get("input"), bound.get("weight")
+    if (not bound.get("transposed") or not isinstance(x, torch.Tensor)
+            or not isinstance(w, torch.Tensor) or x.dim() != w.dim() or w.dim() < 3):
+        return None
+    n = w.dim() - 2
+    stride, padding, dilation, output_padding = (
+        _expand(bound[k], n) for k in ("stride", "padding", "dilation", "output_padding"))
+    sizes = [(x.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
+             + dilation[i] * (w.shape[2 + i] - 1) + output_padding[i] + 1 for i in range(n)]
+    if min(sizes) < 0 or 0 not in sizes:
+        return None     # (a negative size: eager raises too)
+    padding = [p - 1 if size == 0 else p for p, size in zip(padding, sizes)]
+    return padding, (x.shape[0], w.shape[1] * bound["groups"], *sizes)
+
+
+@tracer.meta_arguments(aten.convolution.default, aten._convolution.default)
+def _meta_padding(func, args, kwargs):
+    empty = _empty_transposed(tracer.bind(func, args, kwargs))
+    if empty is None:
+        return args, kwargs
+    args = list(args)
+    if len(args) > 4:
+        args[4] = empty[0]
+    else:
+        kwargs = {**kwargs, "padding": empty[0]}
+    return tuple(args), kwargs
+
+
+@tracer.eager_output(aten.convolution.default, aten._convolution.default)
+def _empty_output(func, bound, out):
+    empty = _empty_transposed(bound)
+    if empty is None:
+        return out
+    return torch.empty(empty[1], dtype=out.dtype, device="meta")
 
 
 @lowering(aten.convolution.default, static=True, own_rounding=_eager_rounds_columns)
