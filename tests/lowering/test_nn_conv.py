@@ -156,3 +156,24 @@ def test_unfold_and_fold():
           torch.randn(2, 3, 6, 7))
     check(lambda c: F.fold(c, (5, 6), (2, 2), padding=1, stride=2), torch.randn(2, 12, 12))
     check(lambda x: F.unfold(x, 2), torch.randn(3, 4, 4))
+
+
+@pytest.mark.parametrize("path", ["legacy", "functional"])
+def test_an_empty_transposed_conv_output_on_both_paths(path):
+    """The same empty output, gradients and strides as eager through each path's tensors."""
+    import importlib
+    import xla_compat as xc
+    from xla_compat import paths
+    importlib.import_module(f"xla_compat.{path}")      # (registers the path)
+    x, w, b = torch.randn(2, 3, 1, 1), torch.randn(3, 2, 2, 4), torch.randn(2)
+    kw = dict(stride=(2, 3), padding=(1, 4), output_padding=(0, 1), dilation=(1, 2))
+    cpu = [t.clone().requires_grad_() for t in (x, w, b)]
+    want = F.conv_transpose2d(*cpu, **kw)
+    want.sum().backward()
+    with paths.activated(path):
+        dev = [t.to(xc.device()).requires_grad_() for t in (x, w, b)]
+        got = F.conv_transpose2d(*dev, **kw)
+        got.sum().backward()
+        assert got.shape == want.shape == (2, 2, 0, 0) and got.stride() == want.stride()
+        for d, c in zip(dev, cpu):
+            assert torch.equal(d.grad.cpu(), c.grad)
