@@ -22,6 +22,7 @@ from . import overlap, strides, viewchain, writes
 aten = torch.ops.aten
 _state = threading.local()
 _LIFT_FRESH = aten.lift_fresh.default
+_DETACH_COPY = aten.detach_copy.default
 
 
 def tracing() -> bool:
@@ -36,6 +37,9 @@ class FunctionalInner(LazyTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is _DETACH_COPY and type(args[0]) is cls:   # autograd detaches every gradient
+            x = args[0]
+            return cls(x._value, x.shape, x.dtype, x.stride(), x.storage_offset())
         if id(func) in viewchain.OP_IDS:         # view copies and scatters: their own memo
             ok = not kwargs and _VIEW_REPLAY.get(id(func))
             if ok is None:

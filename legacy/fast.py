@@ -73,6 +73,19 @@ def view(func, args, kwargs=None):
     return [_member(alias, chain + s, m) for m, s in zip(plan[0], plan[1])]
 
 
+def same(func, args, kwargs=None):
+    """``detach`` and ``alias``: a tensor of the argument's storage, chain and geometry (what the
+    full path's ``ops._same`` makes) without a plan key: autograd detaches every gradient it
+    accumulates and every ``loss.detach()``, W2 13 times a step."""
+    x = args[0] if len(args) == 1 else None
+    if type(x) is not LegacyTensor or kwargs:
+        return None
+    g = tracer.geometry(x)
+    t = LegacyTensor(_UNREAD, g[0], g[2], g[1], g[3], alias=x._alias, chain=x._chain)
+    t._geo = g
+    return t
+
+
 def _member(alias, chain, m) -> LegacyTensor:
     if len(chain) > 1 or chain and type(chain[0]) is views.Reshape:
         chain = views.fold(chain, alias.root.shape)
@@ -386,6 +399,8 @@ def handler(func):
 
 
 def _classify(func):
+    if func is aten.detach.default or func is aten.alias.default:
+        return same
     if func in ops.VIEWS:
         return None if func is aten.as_strided.default else view
     if func is aten.copy_.default:

@@ -120,6 +120,35 @@ def test_write_through_as_strided_of_a_detached_tensor_reaches_it(path, dev):
     assert_same(d, cpu)
 
 
+@pytest.mark.parametrize("make", ["base", "t_slice", "result"])
+def test_detach_shares_storage_and_geometry_with_its_tensor_every_time(path, dev, make):
+    """``detach`` (autograd's, on every accumulated gradient) takes a shortcut on both paths; its
+    tensor has the argument's strides and storage, writes go both ways, the second call (a
+    plan's) like the first, and a gradient read through it is eager's."""
+    def program(x):
+        y = {"base": lambda: x, "t_slice": lambda: x.t()[1:, ::2], "result": lambda: x * 2}[make]()
+        seen = []
+        for step in range(2):
+            d = y.detach()
+            assert tuple(d.stride()) == tuple(y.stride()) and d.shape == y.shape
+            assert d.storage_offset() == y.storage_offset() and d.requires_grad is False
+            d.add_(step + 1)
+            y.mul_(3)
+            seen += [d.cpu().clone(), y.cpu().clone()]
+        return seen
+    cpu = torch.arange(20.).reshape(4, 5)
+    d = cpu.to(dev)
+    for got, want in zip(program(d), program(cpu)):
+        assert_same(got, want)
+    assert_same(d, cpu)
+    w_cpu = torch.ones(3, 2, requires_grad=True)
+    w = w_cpu.detach().to(dev).requires_grad_()
+    (w * w).sum().backward()
+    (w_cpu * w_cpu).sum().backward()
+    assert_same(w.grad, w_cpu.grad)
+    assert_same(w.grad.detach(), w_cpu.grad)
+
+
 def test_as_strided_past_a_view_without_a_nameable_base_is_the_documented_limit(dev):
     """migration_guide/model_developers.md: a view of ``y.detach()`` (``y`` an op's result) has
     no base the path can name; reaching past its own elements is a clear error, not a wrong read."""
