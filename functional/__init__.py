@@ -28,6 +28,7 @@ from . import eager_resize as _eager_resize
 from . import checks as _checks
 from . import direct as _direct
 from . import shared_writes as _shared_writes
+from . import view_checks as _view_checks
 
 VERSION = "1"
 
@@ -46,6 +47,7 @@ _eager_resize.install()
 _checks.install()
 _direct.install()
 _shared_writes.install()
+_view_checks.install()
 _paths.register(IMPL)
 _executor.register_rebinder(_after_sync)
 _executor.register_failure_hook(_roll_back)

@@ -310,6 +310,45 @@ def test_unsupported_in_place_op_with_fallback_disabled_raises_and_leaves_the_te
     assert torch.allclose(x.atan2_(y).cpu(), torch.atan2(BASE, BASE + 1))   # works again
 
 
+@pytest.mark.parametrize("name, fn", [
+    ("transpose_", lambda t: t.transpose_(0, 5)),
+    ("t_ of 3 dims", lambda t: t.t_()),
+    ("swapdims_", lambda t: t.swapdims_(0, 4)),
+    ("swapaxes_", lambda t: t.swapaxes_(-4, 0)),
+    ("squeeze_ dim", lambda t: t.squeeze_(7)),
+    ("squeeze_ dims", lambda t: t.squeeze_((0, 9))),
+    ("unsqueeze_", lambda t: t.unsqueeze_(9)),
+    ("as_strided_ past the storage", lambda t: t.as_strided_((3, 9), (0, 3), 0)),
+    ("as_strided_ offset past the storage", lambda t: t.as_strided_((2,), (1,), 40)),
+])
+@pytest.mark.parametrize("on", ["base", "view"])
+def test_a_failed_in_place_view_op_leaves_the_tensor_and_its_views_intact(path, dev, name, fn,
+                                                                          on):
+    """Eager's error type and words, then every tensor reads as eager's: the tensor itself, a
+    view made before and views made after (the functional path kept upstream's half-made view:
+    every later read raised again)."""
+    def program(device):
+        base = torch.arange(24.).reshape(2, 3, 4).to(device)
+        t = base if on == "base" else base[1:]
+        before = t[:, 1]
+        with pytest.raises(Exception) as err:
+            fn(t)
+        after = [t.detach(), t.transpose(0, 2), t[0].unsqueeze(0)]
+        t.mul_(2)
+        got = [t, before, *after, base]
+        return err.value, [(x.cpu().clone(), tuple(x.shape), x.stride(), x.storage_offset())
+                           for x in got]
+    want_err, want = program("cpu")
+    got_err, got = program(dev)
+    assert type(got_err) is type(want_err), (got_err, want_err)
+    # eager's words (t_'s meta kernel, which both paths run, names t() where eager says t_())
+    words = [str(e).split(",")[0].split(" ", 1)[-1] for e in (got_err, want_err)]
+    assert words[0] == words[1]
+    for (g, *g_geo), (w, *w_geo) in zip(got, want):
+        assert g_geo == w_geo
+        assert torch.equal(g, w)
+
+
 # -- malformed environment values ------------------------------------------------------------
 
 @pytest.mark.parametrize("var,value", [

@@ -1,0 +1,84 @@
+"""In-place view ops (``transpose_``, ``t_``, ``squeeze_``, ``unsqueeze_``, ``as_strided_``) on the
+functional path fail like eager's and leave the tensor as it was.
+
+Upstream's Functionalize kernel for an in-place view op first appends the view to the wrapper's
+view metas (``mutate_view_meta``) and only then runs the op on a meta copy, where a bad argument
+raises: ``t.transpose_(0, 5)`` raised eager's IndexError, but the wrapper kept the half-made view,
+and every later read of ``t`` or of a view made from it raised again (found by the fuzz, once its
+programs restrided tensors in place). Eager raises before it changes anything.
+
+So each such op gets a Functionalize kernel here that runs it first on a meta tensor laid out like
+the wrapper over a meta storage of the wrapper's storage size (so ``as_strided_`` meets eager's
+``setStorage`` bound check), raising eager's error before upstream's kernel runs; then upstream's
+kernel. Cost: one meta op (~10 us) per in-place view op, which programs call rarely (``t()`` and
+the other out-of-place views do not come here).
+
+``resize_``/``set_`` (their own kernels: ``eager_resize.py``) and ``detach_`` (cannot fail) are
+not covered; ``swapdims_``/``swapaxes_``/``t_`` reach ``transpose_``, or are covered directly.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+aten = torch.ops.aten
+_is_functional = torch._is_functional_tensor
+
+OPS = (aten.transpose_.default, aten.t_.default, aten.squeeze_.default, aten.squeeze_.dim,
+       aten.squeeze_.dims, aten.unsqueeze_.default, aten.as_strided_.default,
+       aten.swapdims_.default, aten.swapaxes_.default)
+
+
+def meta_like(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of ``t``'s dtype, sizes, strides and storage offset over a meta storage of
+    ``t``'s storage size."""
+    storage = torch.UntypedStorage(t.untyped_storage().nbytes(), device="meta")
+    out = torch.empty(0, dtype=t.dtype, device="meta")
+    with torch.no_grad():
+        out.set_(storage, t.storage_offset(), t.shape, t.stride())
+    return out
+
+
+def _on_meta(op, self, *args, **kwargs) -> None:
+    """Eager's error for ``op(self, ...)``, raised by the op's meta kernel."""
+    op(meta_like(self), *args, **kwargs)
+
+
+def _t_dims(op, self, *args, **kwargs) -> None:
+    """``t_``'s meta kernel asserts (AssertionError); eager raises this RuntimeError."""
+    if self.dim() > 2:
+        raise RuntimeError(f"t_() expects a tensor with <= 2 dimensions, but self is "
+                           f"{self.dim()}D")
+
+
+_CHECKS = {aten.t_.default: _t_dims}      # op -> its check where the meta kernel's is not eager's
+
+
+def _checked(op):
+    upstream = torch.library.get_kernel(op, "Functionalize")
+    check = _CHECKS.get(op, _on_meta)
+
+    def kernel(keyset, self, *args, **kwargs):
+        if isinstance(self, torch.Tensor) and _is_functional(self):
+            check(op, self, *args, **kwargs)          # eager's error, nothing changed yet
+        return upstream.call_boxed(keyset, self, *args, **kwargs)
+    kernel.__name__ = f"checked_{op._schema.name.split('::')[1]}_{op._overloadname}"
+    return kernel
+
+
+_lib = None
+
+
+def install() -> None:
+    """Register the kernels (once) for every op of ``OPS`` that has a Functionalize kernel."""
+    global _lib
+    if _lib is not None:
+        return
+    _lib = torch.library.Library("aten", "IMPL")
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    with warnings.catch_warnings():   # "overriding a previously registered kernel": meant
+        warnings.simplefilter("ignore")
+        for op in OPS:
+            if has(op.name(), "Functionalize"):
+                _lib.impl(op, _checked(op), "Functionalize", with_keyset=True)
