@@ -1,4 +1,5 @@
-"""Random small PyTorch programs over a few base tensors: views, writes through them, reads, syncs.
+"""Random small PyTorch programs over a few base tensors: views, writes through them, in-place
+metadata changes (``t_``, ``squeeze_``, ``as_strided_``, ``resize_``, ...), reads, syncs.
 
 A ``Program`` is a list of Python statements over names ``t0, t1, ...`` (bases) and ``v<k>``
 (everything derived). The generator (``programs()``, a hypothesis strategy) builds it one
@@ -229,11 +230,25 @@ def _fresh(t, draw, exact=False) -> str:
 def draw_write(draw, name, t, others):
     """Source of an in-place or out= write into ``t`` (``others``: (name, tensor) pairs)."""
     kinds = ["add_", "mul_", "fill_", "zero_", "copy_", "clamp_", "masked_fill_", "setitem",
-             "out_add", "out_mul", "add_tensor", "copy_host", "out_sum"]
+             "out_add", "out_mul", "add_tensor", "copy_host", "out_sum", "addcmul_", "lerp_",
+             "masked_scatter_", "div_floor"]
     if t.dim() >= 1 and t.shape[0] > 0:
-        kinds += ["index_put_", "index_fill_"]
+        kinds += ["index_put_", "index_fill_", "index_add_", "index_copy_", "scatter_",
+                  "scatter_add_"]
     kind = draw(st.sampled_from(kinds))
     num = draw(st.sampled_from(["2", "-1", "0.5", "3"]))
+    if kind in ("index_add_", "index_copy_", "scatter_", "scatter_add_"):
+        return _indexed_write(draw, kind, name, t, num)
+    if kind == "addcmul_":
+        return f"{name}.addcmul_({_source(draw, t, others)}, {_fresh(t, draw)}, value={num})"
+    if kind == "lerp_":          # (float only: eager rejects an integer lerp_, kept as an error)
+        return f"{name}.lerp_({_source(draw, t, others)}, {num})"
+    if kind == "masked_scatter_":
+        return (f"{name}.masked_scatter_({name} > {_ints(draw, -1, 6)}, "
+                f"torch.arange(max({name}.numel(), 1), dtype={name}.dtype, device=dev)"
+                f".reshape(-1).mul(-1))")
+    if kind == "div_floor":
+        return f"{name}.div_({draw(st.sampled_from(['2', '-3']))}, rounding_mode='floor')"
     if kind == "add_":
         return f"{name}.add_({num})"
     if kind == "mul_":
@@ -278,6 +293,69 @@ def draw_write(draw, name, t, others):
     return f"torch.{op}({src}, {num}, out={name})"
 
 
+def _indexed_write(draw, kind, name, t, num):
+    """``index_add_``/``index_copy_`` along dim 0 or ``scatter_``/``scatter_add_`` along a dim,
+    from a fresh source; distinct indices where eager leaves the winner of duplicates open."""
+    n = t.shape[0]
+    rows = draw(st.lists(st.integers(-n, n - 1), min_size=1, max_size=3))
+    dtype = str(t.dtype).replace("torch.", "")
+    if kind in ("index_add_", "index_copy_"):
+        if kind == "index_copy_":
+            rows = list(dict.fromkeys(r % n for r in rows))
+        shape = (len(rows), *t.shape[1:])
+        src = (f"torch.arange({math.prod(shape)}, dtype=torch.{dtype}, device=dev)"
+               f".reshape({shape}).mul(-1)")
+        extra = f", alpha={num}" if kind == "index_add_" and draw(st.booleans()) else ""
+        return f"{name}.{kind}(0, torch.tensor({rows}, device=dev), {src}{extra})"
+    # scatter along dim d: an index of t's shape but at most len(rows) along d
+    d = _dim(draw, t)
+    shape = list(t.shape)
+    shape[d] = min(len(rows), shape[d])
+    if 0 in shape:
+        return f"{name}.{kind}({d}, torch.zeros({tuple(shape)}, dtype=torch.long, device=dev), 1)"
+    size = t.shape[d]
+    if kind == "scatter_":      # distinct targets along d for every other position
+        perm = [r % size for r in dict.fromkeys(r % size for r in rows)][:shape[d]]
+        perm += [i for i in range(size) if i not in perm][:shape[d] - len(perm)]
+        index = (f"torch.tensor({perm}, device=dev).reshape("
+                 f"{tuple(len(perm) if i == d else 1 for i in range(t.dim()))})"
+                 f".expand({tuple(shape)}).contiguous()")
+    else:
+        index = (f"torch.tensor({[r % size for r in rows][:shape[d]]}, device=dev).reshape("
+                 f"{tuple(shape[d] if i == d else 1 for i in range(t.dim()))})"
+                 f".expand({tuple(shape)}).contiguous()")
+    src = (f"torch.arange({math.prod(shape)}, dtype=torch.{dtype}, device=dev)"
+           f".reshape({tuple(shape)}).mul(-1)")
+    return f"{name}.{kind}({d}, {index}, {src})"
+
+
+def draw_restride(draw, name, t):
+    """Source of an in-place metadata change of ``t`` (``t_``, ``transpose_``, ``unsqueeze_``,
+    ``squeeze_``, ``swapdims_``, ``as_strided_``, a shrinking ``resize_``): the tensor object
+    keeps its storage and takes another geometry; later statements see the new one."""
+    n = t.dim()
+    kinds = ["unsqueeze_", "as_strided_", "resize_"]
+    if n >= 1:
+        kinds += ["squeeze_"]
+    if n >= 2:
+        kinds += ["t_", "transpose_", "swapdims_"]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "unsqueeze_":
+        return f"{name}.unsqueeze_({_ints(draw, -n - 1, n)})"
+    if kind == "squeeze_":
+        return f"{name}.squeeze_({_dim(draw, t)})" if draw(st.booleans()) else f"{name}.squeeze_()"
+    if kind == "t_":
+        return f"{name}.t_()" if n == 2 else f"{name}.transpose_(-2, -1)"
+    if kind in ("transpose_", "swapdims_"):
+        return f"{name}.{kind}({_dim(draw, t)}, {_dim(draw, t)})"
+    if kind == "as_strided_":
+        size, stride, offset = _strided(draw, t)
+        return f"{name}.as_strided_({size}, {stride}, {offset})"
+    k = _ints(draw, 0, t.numel())      # resize_ within the elements the tensor has, to
+    f = draw(st.sampled_from([f for f in (1, 2, 3) if k % f == 0]))   # explicit sizes (eager
+    return f"{name}.resize_({(f, k // f) if f > 1 else (k,)})"         # keeps a -1 it refuses)
+
+
 def _source(draw, t, others, exact=False):
     """Another live tensor broadcastable to ``t`` (may share its storage), or a fresh one.
 
@@ -320,7 +398,7 @@ def programs(draw, max_bases: int = 3, max_stmts: int = 12, errors: bool = True)
     stmts: list[Stmt] = []
     for _ in range(_ints(draw, 1, max_stmts)):
         kind = draw(st.sampled_from(["view", "view", "view", "write", "write", "write", "read",
-                                     "sync"]))
+                                     "sync", "restride"]))
         name = draw(st.sampled_from(names))
         t = ns[name]
         defines = None
@@ -329,6 +407,8 @@ def programs(draw, max_bases: int = 3, max_stmts: int = 12, errors: bool = True)
             code = f"{defines} = {draw_view(draw, name, t)}"
         elif kind == "write":
             code = draw_write(draw, name, t, [(n, ns[n]) for n in names])
+        elif kind == "restride":
+            code = draw_restride(draw, name, t)
         elif kind == "read":
             code = draw_read(draw, name, t)
         else:
