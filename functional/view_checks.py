@@ -1,5 +1,6 @@
-"""In-place view ops (``transpose_``, ``t_``, ``squeeze_``, ``unsqueeze_``, ``as_strided_``) on the
-functional path fail like eager's and leave the tensor as it was.
+"""In-place view ops on the functional path: ``transpose_``, ``t_``, ``squeeze_``, ``unsqueeze_``,
+``as_strided_`` fail like eager's and leave the tensor as it was; ``set_`` leaves the old storage
+writable.
 
 Upstream's Functionalize kernel for an in-place view op first appends the view to the wrapper's
 view metas (``mutate_view_meta``) and only then runs the op on a meta copy, where a bad argument
@@ -13,8 +14,16 @@ the wrapper over a meta storage of the wrapper's storage size (so ``as_strided_`
 kernel. Cost: one meta op (~10 us) per in-place view op, which programs call rarely (``t()`` and
 the other out-of-place views do not come here).
 
-``resize_``/``set_`` (their own kernels: ``eager_resize.py``) and ``detach_`` (cannot fail) are
-not covered; ``swapdims_``/``swapaxes_``/``t_`` reach ``transpose_``, or are covered directly.
+**``x.set_(y)``** (another functional tensor): upstream's kernel moves ``x`` onto ``y``'s storage
+and *freezes* ``x``'s old storage, so any later write to a tensor still on it (the base ``x`` was
+a view of, or another view of it) raised "cannot mutate tensors with frozen storage", where eager
+writes them as usual. Here ``x`` takes ``y``'s value, view chain and storage as ``x.data = y``
+does (``FunctionalTensorWrapper::shallow_copy_from``, what ``set__impl`` does less the freeze),
+after eager's checks on meta tensors (``Could not set tensor of type ...``); the old storage and
+its other tensors go on as before.
+
+``resize_`` (``eager_resize.py``), ``set_`` of a storage, and ``detach_`` (cannot fail) are not
+covered here.
 """
 from __future__ import annotations
 
@@ -55,6 +64,18 @@ def _t_dims(op, self, *args, **kwargs) -> None:
 _CHECKS = {aten.t_.default: _t_dims}      # op -> its check where the meta kernel's is not eager's
 
 
+def _set_to_tensor(upstream):
+    def kernel(keyset, self, source):
+        if not (_is_functional(self) and isinstance(source, torch.Tensor)
+                and _is_functional(source)):
+            return upstream.call_boxed(keyset, self, source)
+        aten.set_.source_Tensor(meta_like(self), meta_like(source))   # eager's checks
+        self.data = source                # shares source's storage; the old one stays writable
+        return self
+    kernel.__name__ = "set_to_tensor_without_freezing"
+    return kernel
+
+
 def _checked(op):
     upstream = torch.library.get_kernel(op, "Functionalize")
     check = _CHECKS.get(op, _on_meta)
@@ -82,3 +103,6 @@ def install() -> None:
         for op in OPS:
             if has(op.name(), "Functionalize"):
                 _lib.impl(op, _checked(op), "Functionalize", with_keyset=True)
+        set_ = aten.set_.source_Tensor
+        _lib.impl(set_, _set_to_tensor(torch.library.get_kernel(set_, "Functionalize")),
+                  "Functionalize", with_keyset=True)

@@ -600,3 +600,56 @@ def test_a_base_written_through_a_view_keeps_its_size_one_dims_strides(path, dev
     want = program(torch.arange(2.).reshape(2, 1))
     assert_same(got, want)
     assert got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("target", ["base with a view", "view", "unbound row"])
+@pytest.mark.parametrize("source", ["fresh", "view of fresh", "alias of the base"])
+@pytest.mark.parametrize("then", ["write the old base", "write the set tensor", "write the source",
+                                  "sync, write the old base"])
+def test_set_leaves_the_old_storage_writable_and_shares_the_new_one(path, dev, target, source,
+                                                                   then):
+    """``x.set_(y)`` moves ``x`` onto ``y``'s storage; the tensors still on ``x``'s old storage
+    are written as before (the functional path raised "cannot mutate tensors with frozen
+    storage": upstream's set_ freezes the old storage). Found by the fuzz once it drew set_."""
+    def program(device):
+        t0 = torch.arange(6.).reshape(2, 3).to(device)
+        keep = t0.view(3, 2)
+        y0 = torch.arange(10., 16.).reshape(2, 3).to(device)
+        y = {"fresh": y0, "view of fresh": y0[:, 1:], "alias of the base": t0[1]}[source]
+        x = {"base with a view": t0, "view": t0[:, :2],
+             "unbound row": t0.unbind(0)[0]}[target]
+        x.set_(y)
+        if then.startswith("sync") and device != "cpu":
+            xc.sync()
+        {"write the old base": lambda: keep.add_(100), "write the set tensor": lambda: x.mul_(-1),
+         "write the source": lambda: y.sub_(0.5),
+         "sync, write the old base": lambda: keep[0].fill_(7)}[then]()
+        return [(v.cpu().clone(), tuple(v.shape), v.stride(), v.storage_offset())
+                for v in (t0, keep, x, y, y0)]
+    for (got, *g), (want, *w) in zip(program(dev), program("cpu")):
+        assert g == w
+        assert_same(got, want)
+
+
+def test_set_to_another_dtype_raises_like_eager_and_changes_nothing(path, dev):
+    x, y = torch.arange(4.).to(dev), torch.arange(4).to(dev)
+    with pytest.raises(RuntimeError, match="Could not set tensor of type"):
+        x.set_(y)
+    x.add_(1)
+    assert_same(x, torch.arange(4.) + 1)
+    assert x.dtype == torch.float32
+
+
+def test_set_of_a_parameter_under_no_grad_trains_like_eager(path, dev):
+    def program(device):
+        p = torch.arange(4.).to(device).requires_grad_()
+        q = torch.arange(10., 14.).to(device)
+        with torch.no_grad():
+            p.set_(q)
+        (p * p).sum().backward()
+        with torch.no_grad():
+            p.add_(1)
+        return [p.detach().cpu(), p.grad.cpu(), q.cpu()], p._version
+    (got, got_version), (want, want_version) = program(dev), program("cpu")
+    assert_same(got, want)
+    assert got_version == want_version
