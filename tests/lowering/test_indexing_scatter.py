@@ -167,3 +167,30 @@ def test_index_add_on_bool_ors_source_times_alpha(path, alpha, inplace):
         check(lambda a, i, s: a.clone().index_add_(-1, i, s, alpha=alpha), x, idx, src)
     else:
         check(lambda a, i, s: a.index_add(-1, i, s, alpha=alpha), x, idx, src)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+@pytest.mark.parametrize("alpha", [0.5, 1.7, -1.7, 2.0])
+@pytest.mark.parametrize("form", ["index_add", "index_add_", "out="])
+def test_index_add_into_integers_takes_a_float_alpha_as_eager_casts_it(path, dtype, alpha, form):
+    """CPU eager casts the float alpha to the integer dtype (toward zero); torch's meta kernel
+    refuses it, and so did both paths (found by the fuzz)."""
+    if dtype == torch.uint8 and alpha < 0:
+        alpha = -alpha
+    torch.manual_seed(0)
+    x = torch.randint(0, 9, (4, 3)).to(dtype)
+    src, idx = torch.randint(0, 5, (2, 3)).to(dtype), torch.tensor([3, 1])
+
+    def run(a, i, s):
+        if form == "index_add":
+            return a.index_add(0, i, s, alpha=alpha)
+        if form == "index_add_":
+            return a.clone().index_add_(0, i, s, alpha=alpha)
+        return torch.index_add(a, 0, i, s, alpha=alpha, out=torch.empty_like(a))
+    check(run, x, idx, src)
+    bad = torch.tensor([7])                  # eager's IndexError comes first, alpha accepted
+    with pytest.raises(IndexError):
+        run(x, bad, src[:1])
+    with pytest.raises(IndexError):
+        run(dev(x), dev(bad), dev(src[:1]))
+        xc.sync()

@@ -12,6 +12,9 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+import torch
+
+from ..lazy import tracer
 from ._helpers import cast, dim, is_float
 from .indexing import last_write_wins, wrap_index
 from .registry import aten, lowering
@@ -148,6 +151,21 @@ def _along_index(x, d, index, source):
     shape[d] = index.shape[0]
     full = jnp.broadcast_to(jnp.reshape(index, shape), src_shape)
     return x, d, full, source
+
+
+@tracer.meta_arguments(aten.index_add.default, aten.index_add_.default, aten.index_add.out)
+def _integral_alpha(func, args, kwargs):
+    """CPU eager's index_add into an integer tensor takes a float alpha as the integer C++'s cast
+    makes of it (1.7 -> 1, 0.5 -> 0); torch's meta kernel refuses it ("alpha argument of type
+    float cannot be safely cast"). The meta kernel runs on that integer alpha; the lowering casts
+    alpha to the result dtype alike (truncation toward zero)."""
+    alpha = kwargs.get("alpha")
+    x = args[0] if args else kwargs.get("self")
+    if (type(alpha) is float and isinstance(x, torch.Tensor)
+            and not (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool)
+            and math.isfinite(alpha)):
+        return args, {**kwargs, "alpha": int(alpha)}
+    return args, kwargs
 
 
 @lowering(aten.index_add.default, meta=True)
