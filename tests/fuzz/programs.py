@@ -329,17 +329,28 @@ def _indexed_write(draw, kind, name, t, num):
     return f"{name}.{kind}({d}, {index}, {src})"
 
 
-def draw_restride(draw, name, t):
+def draw_restride(draw, name, t, others=()):
     """Source of an in-place metadata change of ``t`` (``t_``, ``transpose_``, ``unsqueeze_``,
     ``squeeze_``, ``swapdims_``, ``as_strided_``, a shrinking ``resize_``): the tensor object
-    keeps its storage and takes another geometry; later statements see the new one."""
+    keeps its storage and takes another geometry; later statements see the new one. Or ``t``
+    takes another live tensor's storage and geometry (``set_``, ``.data =``), after which a
+    write through either is seen through the other (``others``: (name, tensor) pairs)."""
     n = t.dim()
     kinds = ["unsqueeze_", "as_strided_", "resize_"]
+    same = [o for o, x in others if x.dtype == t.dtype and o != name]
+    if same:
+        kinds += ["set_", "data"]
+    if others:
+        kinds += ["data"]          # (another dtype too: .data = takes it)
     if n >= 1:
         kinds += ["squeeze_"]
     if n >= 2:
         kinds += ["t_", "transpose_", "swapdims_"]
     kind = draw(st.sampled_from(kinds))
+    if kind == "set_":
+        return f"{name}.set_({draw(st.sampled_from(same))})"
+    if kind == "data":
+        return f"{name}.data = {draw(st.sampled_from([o for o, _ in others]))}"
     if kind == "unsqueeze_":
         return f"{name}.unsqueeze_({_ints(draw, -n - 1, n)})"
     if kind == "squeeze_":
@@ -408,7 +419,7 @@ def programs(draw, max_bases: int = 3, max_stmts: int = 12, errors: bool = True)
         elif kind == "write":
             code = draw_write(draw, name, t, [(n, ns[n]) for n in names])
         elif kind == "restride":
-            code = draw_restride(draw, name, t)
+            code = draw_restride(draw, name, t, [(n, ns[n]) for n in names])
         elif kind == "read":
             code = draw_read(draw, name, t)
         else:
