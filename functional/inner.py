@@ -166,7 +166,10 @@ def _as_strided(cls, func, args, kwargs):
         _check_within(x, tuple(size), tuple(stride), 0 if offset is None else offset)
         return NotImplemented
     tracer.run_meta(func, args, kwargs)
-    return writes.as_strided_read(cls, x, tuple(size), tuple(stride), offset)
+    out = writes.as_strided_read(cls, x, tuple(size), tuple(stride), offset)
+    # eager's result has the strides and offset asked for (a wrapper's are its inner tensor's:
+    # x.as_strided_(...) of a view kept contiguous strides)
+    return _restride(cls, out, [(tuple(stride), x.storage_offset() if offset is None else offset)])
 
 
 def _check_within(x, size, stride, offset) -> None:

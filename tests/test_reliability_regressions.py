@@ -653,3 +653,35 @@ def test_set_of_a_parameter_under_no_grad_trains_like_eager(path, dev):
     (got, got_version), (want, want_version) = program(dev), program("cpu")
     assert_same(got, want)
     assert got_version == want_version
+
+
+@pytest.mark.parametrize("view, size, stride, offset", [
+    ("slice", (2, 2), (1, 2), 2), ("slice", (3,), (2,), 3), ("slice", (2, 2), (0, 1), 4),
+    ("row", (2, 2), (1, 2), 4), ("row", (2, 2), (0, 1), 4), ("row", (2,), (2,), None),
+    ("expanded", (2, 3), (0, 0), 3)])
+@pytest.mark.parametrize("then", ["read", "write it", "fill it", "write the base",
+                                  "sync, write it"])
+def test_as_strided_in_place_on_a_view_takes_eagers_strides(path, dev, view, size, stride,
+                                                            offset, then):
+    """``v.as_strided_(...)`` of a view has the strides and offset asked for, and writes through
+    it reach the base (the functional path's view kept contiguous strides: found by the fuzz)."""
+    def program(device):
+        t = torch.arange(12.).to(device)
+        v = {"slice": lambda: t[2:], "row": lambda: t.view(3, 4)[1],
+             "expanded": lambda: t[3].expand(5)}[view]()
+        v.as_strided_(size, stride, offset)
+        if then.startswith("sync") and device != "cpu":
+            xc.sync()
+        {"read": lambda: None, "write it": lambda: v.mul_(-2), "fill it": lambda: v.fill_(7),
+         "write the base": lambda: t.add_(100),
+         "sync, write it": lambda: v.sub_(1)}[then]()
+        return [(x.cpu().clone(), tuple(x.shape), x.stride(), x.storage_offset()) for x in (v, t)]
+    if then in ("write it", "sync, write it") and 0 in stride:
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            program("cpu")
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            program(dev)
+        return
+    for (got, *g), (want, *w) in zip(program(dev), program("cpu")):
+        assert g == w
+        assert_same(got, want)
