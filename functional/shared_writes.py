@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from xla_compat import write_checks
 from xla_compat.lazy import tracer
 from xla_compat.lazy.ir import Aval
 from xla_compat.lazy.tensor import lock
@@ -44,7 +45,7 @@ from .writes import Gather
 aten = torch.ops.aten
 _metas, _from, _sync = direct._metas, direct._from, direct._sync
 _is_functional = torch._is_functional_tensor
-_overlaps = torch._debug_has_internal_overlap
+_overlaps = write_checks.internal_overlap
 
 # The in-place ops eager lets write into a view whose elements share memory, one value each.
 OPS = (aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default, aten.masked_fill_.Scalar,

@@ -31,7 +31,7 @@ import functools
 import torch
 from torch._decomp import global_decomposition_table
 
-from xla_compat import _jax
+from xla_compat import _jax, write_checks
 from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
 from xla_compat.lazy.ir import Slot
@@ -244,7 +244,7 @@ def _meta_hook(op, original):
         first = tracer._EAGER_FIRST_CHECKS.get(op)   # eager's checks before its meta function's
         if first is not None:
             first(op, tracer.bind(op, args, kwargs))
-        overlapping = torch._debug_has_internal_overlap(self) == 1
+        overlapping = write_checks.internal_overlap(self) == 1
         if overlapping:               # eager checks the written tensor before the dtypes
             _overlap_probe(op, args, kwargs)
         _state.in_reference = True

@@ -685,3 +685,28 @@ def test_as_strided_in_place_on_a_view_takes_eagers_strides(path, dev, view, siz
     for (got, *g), (want, *w) in zip(program(dev), program("cpu")):
         assert g == w
         assert_same(got, want)
+
+
+@pytest.mark.parametrize("write", [
+    lambda t, s: torch.add(s, 1, out=t), lambda t, s: torch.cumsum(s, -2, out=t),
+    lambda t, s: torch.mul(s, s, out=t), lambda t, s: torch.where(s > 1, s, t, out=t),
+    lambda t, s: t.add_(s), lambda t, s: t.copy_(s)],
+    ids=["add out=", "cumsum out=", "mul out=", "where out= itself", "add_", "copy_"])
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_write_into_a_tensor_restrided_to_overlap_itself_raises_like_eager(path, dev, write,
+                                                                           sync):
+    """After ``t.as_strided_((2, 2), (0, 2), 3)`` (elements shared along dim 0) eager refuses
+    out= and in-place writes into ``t``; the functional path wrote them (its wrappers' cached
+    "non-overlapping and dense" flag still said so: found by the fuzz). Nothing is written."""
+    def program(device):
+        t = torch.arange(32.).reshape(2, 4, 4).to(device)
+        t.as_strided_((2, 2), (0, 2), 3)
+        if sync and device != "cpu":
+            xc.sync()
+        s = torch.arange(4.).reshape(2, 2).to(device)
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            write(t, s)
+        return t.cpu(), t.stride()
+    got, want = program(dev), program("cpu")
+    assert_same(got[0], want[0])
+    assert got[1] == want[1]

@@ -167,8 +167,22 @@ def shares_memory(size: tuple, stride: tuple) -> bool:
     return shares
 
 
+def internal_overlap(t: torch.Tensor) -> int:
+    """``at::has_internal_overlap`` (1: yes, 0: no, 2: too hard to tell) from the tensor's sizes
+    and strides. ``torch._debug_has_internal_overlap`` reads a cached "non-overlapping and
+    dense" flag, which a functional wrapper keeps from before an in-place view op: after
+    ``t.as_strided_((2, 2), (0, 2))`` it said no, and an out= into ``t`` went unrefused."""
+    shape, stride = t.shape, t.stride()
+    if 0 in shape:
+        return 0                  # (eager: a tensor of no elements is contiguous)
+    for n, s in zip(shape, stride):
+        if s == 0 and n > 1:
+            return 1
+    return 0 if tracer._non_overlapping_and_dense(shape, stride) else 2
+
+
 def _shares_memory(t: torch.Tensor) -> bool:
-    overlap = torch._debug_has_internal_overlap(t)
+    overlap = internal_overlap(t)
     if overlap != 2:
         return overlap == 1
     return shares_memory(tuple(t.shape), t.stride())
@@ -197,7 +211,7 @@ def plainly_fine(spec: OutOp, args, out, storages: Storages) -> bool:
         else:
             return False
     return (_DTYPES.get(tuple(key)) == (out.dtype,)
-            and torch._debug_has_internal_overlap(out) != 1)
+            and internal_overlap(out) != 1)
 
 
 _DTYPES: dict = {}
@@ -245,7 +259,7 @@ def _span(t: torch.Tensor) -> tuple:
 def _may_overlap(pointwise: bool, outs, inputs, storages: Storages) -> bool:
     """Could eager find an out overlapping itself or an input? (cheap; the dry run decides)"""
     for o in outs:
-        if torch._debug_has_internal_overlap(o) == 1:
+        if internal_overlap(o) == 1:
             return True
         if not storages.owns(o):
             continue
@@ -343,7 +357,7 @@ def _without_dry_run(spec: OutOp, outs, inputs, results, storages: Storages) -> 
     if not spec.pointwise:
         return
     for o in outs:
-        if torch._debug_has_internal_overlap(o) == 1:
+        if internal_overlap(o) == 1:
             raise RuntimeError(f"{_INTERNAL_OVERLAP}\n  (xla_compat: raised by {spec.op})")
         geometry = (tuple(o.shape), o.stride(), o.storage_offset())
         for t in inputs:
