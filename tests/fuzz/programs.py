@@ -231,7 +231,7 @@ def draw_write(draw, name, t, others):
     """Source of an in-place or out= write into ``t`` (``others``: (name, tensor) pairs)."""
     kinds = ["add_", "mul_", "fill_", "zero_", "copy_", "clamp_", "masked_fill_", "setitem",
              "out_add", "out_mul", "add_tensor", "copy_host", "out_sum", "addcmul_", "lerp_",
-             "masked_scatter_", "div_floor"]
+             "masked_scatter_", "div_floor", "out_cumsum", "out_where", "put_"]
     if t.dim() >= 1 and t.shape[0] > 0:
         kinds += ["index_put_", "index_fill_", "index_add_", "index_copy_", "scatter_",
                   "scatter_add_"]
@@ -247,6 +247,20 @@ def draw_write(draw, name, t, others):
         return (f"{name}.masked_scatter_({name} > {_ints(draw, -1, 6)}, "
                 f"torch.arange(max({name}.numel(), 1), dtype={name}.dtype, device=dev)"
                 f".reshape(-1).mul(-1))")
+    if kind == "out_cumsum":        # a scan's result into t (out= of t's own shape)
+        src = _source(draw, t, others, exact=True)
+        return f"torch.cumsum({src}, {_dim(draw, t) if t.dim() else 0}, out={name})"
+    if kind == "out_where":         # t may be an input of its own out= (eager allows it)
+        src = _source(draw, t, others)
+        return f"torch.where({name} > {_ints(draw, -1, 6)}, {src}, {name}, out={name})"
+    if kind == "put_":              # flat logical positions of t (distinct unless accumulating)
+        n = max(t.numel(), 1)
+        where = draw(st.lists(st.integers(-n, n - 1), min_size=1, max_size=3))
+        acc = draw(st.booleans())
+        if not acc:
+            where = list(dict.fromkeys(w % n for w in where))
+        return (f"{name}.put_(torch.tensor({where}, device=dev), torch.arange({len(where)}, "
+                f"dtype={name}.dtype, device=dev).mul(-1), accumulate={acc})")
     if kind == "div_floor":
         return f"{name}.div_({draw(st.sampled_from(['2', '-3']))}, rounding_mode='floor')"
     if kind == "add_":
