@@ -51,7 +51,8 @@ unchanged, ``clamp_`` ~710 -> ~20 us.
 
 Not covered: ops called in ``torch.inference_mode()`` (no autograd key: nothing reaches the
 kernel), forward-mode AD's out= error, in-place ops whose meta kernel is C++ (``random_``,
-``put_``, ``bernoulli_.Tensor``).
+``put_``, ``bernoulli_.Tensor``), but for ``put_`` into a tensor overlapping itself (refused
+here from the wrapper's sizes and strides, ``_SELF_OVERLAP_REFUSED``).
 """
 from __future__ import annotations
 
@@ -400,6 +401,12 @@ def _tensor_typed(arg) -> bool:
     return isinstance(t, torch.TensorType)
 
 
+# In-place ops whose meta kernel is C++ (no meta reference runs) and whose eager kernel refuses a
+# written tensor that overlaps itself (``x.expand(2).put_(...)``); the rest check in their meta
+# references (writes_eager) or allow it (shared_writes).
+_SELF_OVERLAP_REFUSED = frozenset({aten.put_.default})
+
+
 def _in_place_overlap_kernel(op):
     """``op``'s Functionalize kernel: eager's overlap errors from the wrappers, then upstream's
     kernel (which checks on the inner tensors: separate values after a sync, and never
@@ -411,7 +418,13 @@ def _in_place_overlap_kernel(op):
     functional = tracer.mutation_info(op)[2]
     iterator = write_checks.iterator_op(op)
 
+    refuse_self_overlap = op in _SELF_OVERLAP_REFUSED
+
     def kernel(keyset, self, *args, **kwargs):
+        if refuse_self_overlap and write_checks.internal_overlap(self) == 1:
+            raise RuntimeError(f"{write_checks._INTERNAL_OVERLAP}\n  (xla_compat: raised by {op}, "
+                               f"functional path, written tensor of shape {list(self.shape)} and "
+                               f"strides {list(self.stride())})")
         for v in (*args, *kwargs.values()):
             if type(v) is list or type(v) is tuple:     # index_put_'s indices
                 if iterator or not any(direct.shares_storage(self, e) for e in v):

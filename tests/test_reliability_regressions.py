@@ -710,3 +710,22 @@ def test_a_write_into_a_tensor_restrided_to_overlap_itself_raises_like_eager(pat
     got, want = program(dev), program("cpu")
     assert_same(got[0], want[0])
     assert got[1] == want[1]
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("view", ["expand", "as_strided_"])
+def test_put_into_a_tensor_that_overlaps_itself_raises_like_eager(path, dev, accumulate, view):
+    """put_'s meta kernel is C++, so no meta reference checked the written tensor: the functional
+    path wrote into ``t.expand(2)`` where eager refuses (found by the fuzz). Nothing is written."""
+    def program(device):
+        t = torch.arange(6.).to(device)
+        v = t[2].expand(3) if view == "expand" else t.view(2, 3)
+        if view == "as_strided_":
+            v.as_strided_((2, 2), (0, 1), 1)
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            v.put_(torch.tensor([1, 0], device=device), torch.tensor([5., 6.], device=device),
+                   accumulate=accumulate)
+        t.add_(1)
+        return t.cpu(), v.cpu()
+    for got, want in zip(program(dev), program("cpu")):
+        assert_same(got, want)
