@@ -350,7 +350,10 @@ def draw_restride(draw, name, t, others=()):
     takes another live tensor's storage and geometry (``set_``, ``.data =``), after which a
     write through either is seen through the other (``others``: (name, tensor) pairs)."""
     n = t.dim()
-    kinds = ["unsqueeze_", "as_strided_", "resize_"]
+    kinds = ["unsqueeze_", "as_strided_"]
+    room = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    if room >= 0:         # (eager grows a storage an empty view's offset lies past: see below)
+        kinds += ["resize_"]
     same = [o for o, x in others if x.dtype == t.dtype and o != name]
     if same:
         kinds += ["set_", "data"]
@@ -376,9 +379,12 @@ def draw_restride(draw, name, t, others=()):
     if kind == "as_strided_":
         size, stride, offset = _strided(draw, t)
         return f"{name}.as_strided_({size}, {stride}, {offset})"
-    k = _ints(draw, 0, t.numel())      # resize_ within the elements the tensor has, to
-    f = draw(st.sampled_from([f for f in (1, 2, 3) if k % f == 0]))   # explicit sizes (eager
-    return f"{name}.resize_({(f, k // f) if f > 1 else (k,)})"         # keeps a -1 it refuses)
+    # resize_ within the elements the tensor has and its storage holds (eager grows a storage in
+    # place, with uninitialised memory; both paths refuse that clearly), to explicit sizes (eager
+    # keeps a -1 it refuses)
+    k = _ints(draw, 0, min(t.numel(), room))
+    f = draw(st.sampled_from([f for f in (1, 2, 3) if k % f == 0]))
+    return f"{name}.resize_({(f, k // f) if f > 1 else (k,)})"
 
 
 def _source(draw, t, others, exact=False):
