@@ -27,9 +27,9 @@ covered here.
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
+
+from .overrides import override
 
 aten = torch.ops.aten
 _is_functional = torch._is_functional_tensor
@@ -97,12 +97,9 @@ def install() -> None:
     if _lib is not None:
         return
     _lib = torch.library.Library("aten", "IMPL")
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    with warnings.catch_warnings():   # "overriding a previously registered kernel": meant
-        warnings.simplefilter("ignore")
-        for op in OPS:
-            if has(op.name(), "Functionalize"):
-                _lib.impl(op, _checked(op), "Functionalize", with_keyset=True)
-        set_ = aten.set_.source_Tensor
-        _lib.impl(set_, _set_to_tensor(torch.library.get_kernel(set_, "Functionalize")),
-                  "Functionalize", with_keyset=True)
+    for op in OPS:
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Functionalize"):
+            override(_lib, op, _checked(op), "Functionalize", with_keyset=True)
+    set_ = aten.set_.source_Tensor
+    override(_lib, set_, _set_to_tensor(torch.library.get_kernel(set_, "Functionalize")),
+             "Functionalize", with_keyset=True)
