@@ -13,3 +13,17 @@ def override(lib: torch.library.Library, op, kernel, key: str, *, with_keyset=Fa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lib.impl(op, kernel, key, with_keyset=with_keyset)
+
+
+def installs_once(register):
+    """Decorator: ``install()`` that calls ``register(lib)`` the first time only, with a new
+    ``torch.library.Library("aten", "IMPL")`` that the module keeps (its kernels stay registered
+    as long as the library lives)."""
+    libs: list = []
+
+    def install() -> None:
+        if not libs:
+            libs.append(torch.library.Library("aten", "IMPL"))
+            register(libs[0])
+    install.__doc__ = register.__doc__
+    return install

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .overrides import override
+from .overrides import installs_once, override
 
 aten = torch.ops.aten
 _is_functional = torch._is_functional_tensor
@@ -88,18 +88,12 @@ def _checked(op):
     return kernel
 
 
-_lib = None
-
-
-def install() -> None:
+@installs_once
+def install(lib) -> None:
     """Register the kernels (once) for every op of ``OPS`` that has a Functionalize kernel."""
-    global _lib
-    if _lib is not None:
-        return
-    _lib = torch.library.Library("aten", "IMPL")
     for op in OPS:
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Functionalize"):
-            override(_lib, op, _checked(op), "Functionalize", with_keyset=True)
+            override(lib, op, _checked(op), "Functionalize", with_keyset=True)
     set_ = aten.set_.source_Tensor
-    override(_lib, set_, _set_to_tensor(torch.library.get_kernel(set_, "Functionalize")),
+    override(lib, set_, _set_to_tensor(torch.library.get_kernel(set_, "Functionalize")),
              "Functionalize", with_keyset=True)
