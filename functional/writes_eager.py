@@ -248,9 +248,8 @@ def _meta_hook(op, original):
         if overlapping:               # eager checks the written tensor before the dtypes
             _overlap_probe(op, args, kwargs)
         _state.in_reference = True
-        fix = tracer._META_ARGUMENTS.get(op)     # arguments eager takes and the meta kernel not
         try:
-            call_args, call_kwargs = (args, kwargs) if fix is None else fix(op, args, kwargs)
+            call_args, call_kwargs = tracer.meta_args(op, args, kwargs)
             out = original(*call_args, **call_kwargs)
         except Exception as e:        # eager's error and words, naming the op
             tracer._reraise(tracer.eager_cast_error(op, _numbers(args), kwargs, e) or e, op,

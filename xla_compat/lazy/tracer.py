@@ -351,6 +351,12 @@ eager_output = op_table(_EAGER_OUTPUTS)  # fn(func, bound, out) -> out for ops; 
 # kwargs)`` returns the (args, kwargs) to run the meta kernel on instead.
 _META_ARGUMENTS: dict = {}
 meta_arguments = op_table(_META_ARGUMENTS)
+
+
+def meta_args(func, args, kwargs) -> tuple:
+    """(args, kwargs) to run ``func``'s meta kernel on: ``meta_arguments``' where it has some."""
+    fix = _META_ARGUMENTS.get(func)
+    return (args, kwargs) if fix is None else fix(func, args, kwargs)
 # Checks of every op, run with its meta kernel (so once per signature): ``fn(func, args,
 # kwargs)`` raises eager's error for a call eager refuses (eager_checks.cpu_kernel_dtypes).
 _EVERY_OP_CHECKS: list = []
@@ -415,11 +421,7 @@ def meta(func, args, kwargs):
     check = _EAGER_FIRST_CHECKS.get(func)
     if check is not None:
         check(func, bind(func, args, kwargs))
-    fix = _META_ARGUMENTS.get(func)
-    if fix is None:
-        out = run_meta(func, args, kwargs, memo)
-    else:
-        out = run_meta(func, *fix(func, args, kwargs), memo)
+    out = run_meta(func, *meta_args(func, args, kwargs), memo)
     check = _EAGER_CHECKS.get(func)
     if check is not None:
         check(func, bind(func, args, kwargs))

@@ -39,9 +39,7 @@ def trace_rule(cls, func, args, kwargs):
     rule = lookup(func)
     if rule is None:
         return tracer.decompose_or_fallback(cls, func, args, kwargs)
-    fix = tracer._META_ARGUMENTS.get(func)       # arguments eager takes and the meta kernel not
-    meta_out = tracer.run_meta(func, *fix(func, args, kwargs)) if fix is not None else \
-        tracer.run_meta(func, args, kwargs)
+    meta_out = tracer.run_meta(func, *tracer.meta_args(func, args, kwargs))
     node = tracer.make_node(func, rule, args, kwargs, tracer._flat_tensors(meta_out))
     return tracer.wrap_outputs(cls, meta_out, node)
 
