@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from xla_compat.lowering.eager_checks import t_in_place_dims
+
 from .overrides import installs_once, override
 
 aten = torch.ops.aten
@@ -55,10 +57,7 @@ def _on_meta(op, self, *args, **kwargs) -> None:
 
 
 def _t_dims(op, self, *args, **kwargs) -> None:
-    """``t_``'s meta kernel asserts (AssertionError); eager raises this RuntimeError."""
-    if self.dim() > 2:
-        raise RuntimeError(f"t_() expects a tensor with <= 2 dimensions, but self is "
-                           f"{self.dim()}D")
+    t_in_place_dims(self)
 
 
 _CHECKS = {aten.t_.default: _t_dims}      # op -> its check where the meta kernel's is not eager's

@@ -19,6 +19,7 @@ from xla_compat import _jax, write_checks
 from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
 from xla_compat.lazy.tensor import lock
+from xla_compat.lowering.eager_checks import t_in_place_dims
 
 from . import overlap, views
 from . import tensor as _tensor_module
@@ -346,6 +347,14 @@ for _inplace, _view in [(aten.transpose_.default, aten.transpose.int),
                         (aten.unsqueeze_.default, aten.unsqueeze.default),
                         (aten.as_strided_.default, aten.as_strided.default)]:
     RESTRIDES[_inplace] = _restride_as(_view)
+
+
+def _t_in_place(func, args, kwargs, _restride_t=RESTRIDES[aten.t_.default]):
+    t_in_place_dims(args[0])                 # eager's words (the view's meta kernel says t())
+    return _restride_t(func, args, kwargs)
+
+
+RESTRIDES[aten.t_.default] = _t_in_place
 
 
 def _resize(func, args, kwargs):

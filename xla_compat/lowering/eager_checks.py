@@ -327,3 +327,10 @@ def _raise_not_implemented(func, args, kwargs, e: NotImplementedError):
         f"{tracer.describe([*args, *kwargs.values()])}: CPU eager has no kernel for these "
         f"dtypes, so the device refuses the call too; convert the inputs to a dtype the op "
         f"takes)") from None
+
+
+def t_in_place_dims(t: torch.Tensor) -> None:
+    """``t_``'s dimension check, in eager's words: the view ``t``'s meta kernel names ``t()``, and
+    ``t_``'s meta kernel asserts (AssertionError). Both paths run it before restriding."""
+    if t.dim() > 2:
+        raise RuntimeError(f"t_() expects a tensor with <= 2 dimensions, but self is {t.dim()}D")
