@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 
 import pytest
 import torch
@@ -37,6 +38,23 @@ def test_device_is_hlo0(path, dev):
         "zeros_like", "ones_like_bool", "full_like", "empty_zero_size"])
 def test_factories_match_cpu(path, dev, make):
     assert_same(make(dev), make("cpu"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    ((0, 3), {}), ((0.0, 1.0, 0.1), {}), ((-2, 5, 3), {}), ((5, 1, -1.5), {}),
+    ((1, 2.5, 0.5), {"dtype": torch.float64}), ((0, 4), {"dtype": torch.int64}),
+])
+def test_range_and_its_out_form_match_cpu(path, dev, args, kwargs):
+    """``torch.range`` (deprecated; its end included) lowers as arange does: it used to fall back
+    to the CPU on the functional path, where the fallback could not resize its out tensor."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # range's deprecation warning
+        want = torch.range(*args, **kwargs)
+        assert_same(torch.range(*args, **kwargs, device=dev), want, rtol=0, atol=0)
+        out = torch.empty(0, dtype=want.dtype, device=dev)
+        torch.range(*args, out=out)
+    assert_same(out, want, rtol=0, atol=0)
+    assert xc.metrics.fallback_ops() == []
 
 
 @pytest.mark.parametrize("make", [

@@ -1,4 +1,5 @@
-"""Factories reached with a device tensor or an out= tensor: arange, linspace, full, eye, *_like."""
+"""Factories reached with a device tensor or an out= tensor: arange, range, linspace, full, eye,
+*_like."""
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -20,6 +21,13 @@ def arange(start, end=None, step=1, *, aval, **_):
     acc = jnp.float64 if is_float(aval.dtype) else jnp.int64
     i = lax.iota(acc, n)
     return cast(cast(start, acc) + i * cast(step, acc), aval.dtype)
+
+
+@lowering(aten.range.default, aten.range.step, aten.range.out, aten.range.out_, meta=True)
+def range_(start, end, step=1, *, aval, **_):
+    """``torch.range`` (deprecated; its end included): ``start + i * step`` as arange computes
+    it."""
+    return arange(start, end, step, aval=aval)
 
 
 _RANGE = ("default", "out", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor", "Tensor_Tensor_out",
