@@ -16,6 +16,7 @@ import torch._tensor_str as _tensor_str
 
 from xla_compat.lazy.tensor import device_deepcopy
 
+from .strides import storage_id as _storage_id
 from .wrap import owns, track
 
 _installed = False
@@ -132,12 +133,12 @@ def _view_base(t: torch.Tensor):
     from torch._C._functionalization import get_view_meta_sequence
     if not owns(t) or not get_view_meta_sequence(t):
         return None
-    storage = t.untyped_storage()._cdata
+    storage = _storage_id(t)
 
     def fits(base) -> bool:
         return (base is not None and owns(base) and base.dtype == t.dtype
                 and not get_view_meta_sequence(base)
-                and base.untyped_storage()._cdata == storage)
+                and _storage_id(base) == storage)
     if fits(t._base):
         return t._base
     # Not an autograd view of it (``x.detach()``): a wrapper made at the boundary, if one fits.

@@ -69,7 +69,7 @@ from xla_compat.write_checks import OutOp, meta_twins as _twins, tensors as _ten
 
 from . import direct, writes_eager
 from .inner import _HANDLERS, FunctionalInner, _state, forget_plans, handles
-from .strides import storage_extent
+from .strides import storage_extent, storage_id as _storage_id
 
 aten = torch.ops.aten
 _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
@@ -80,7 +80,7 @@ _CACHE_LIMIT = write_checks.CACHE_LIMIT
 _AUTOGRAD_OUT = "don't support automatic differentiation"
 # The functional path's device tensors: wrappers, sharing memory as their storages say.
 STORAGES = write_checks.Storages(
-    "functional", _is_functional, lambda t: t.untyped_storage()._cdata,
+    "functional", _is_functional, _storage_id,
     lambda t: storage_extent(tuple(t.shape), t.stride(), t.storage_offset()))
 
 
@@ -113,9 +113,21 @@ def _kernel(spec: OutOp):
                 result = op(*args, **kwargs)
             if len(spec.outs) == 1:
                 _keep_layout(out, before)
+                _count_storage(out)
             return result
     out_kernel.__name__ = f"checked_{op._schema.name.split('::')[1]}_{op._overloadname}"
     return out_kernel
+
+
+def _count_storage(out) -> None:
+    """An out= op that resized its out tensor leaves upstream's count of the storage's size at the
+    old one (``replace_`` sets sizes only: ``torch.arange``'s result counted 0 bytes), so a later
+    ``resize_`` within the storage was refused as growing a view. Where it falls short and the
+    tensor is no view, upstream's ``resize_`` to the same shape gives it a storage of its size."""
+    need = (out.storage_offset() + out.numel()) * out.element_size() if out.numel() else 0
+    if need > torch._functionalize_get_storage_size(out, False) and not direct._metas(out):
+        with _BELOW_AUTOGRAD():
+            out.resize_(out.shape)
 
 
 def _keep_layout(out, before) -> None:

@@ -51,7 +51,7 @@ from xla_compat.lowering.views import surely_distinct
 from . import viewchain
 from .inner import FunctionalInner
 from .overrides import override
-from .strides import meta_like
+from .strides import meta_like, storage_id as _storage_id
 
 aten = torch.ops.aten
 # (torch._sync is a Python function around this one, for torch.compile's FunctionalTensor)
@@ -89,7 +89,7 @@ def root(w):
     if base is None or not _is_functional(base):
         return None
     metas = _metas(w)
-    if not metas or _metas(base) or base.untyped_storage()._cdata != w.untyped_storage()._cdata:
+    if not metas or _metas(base) or _storage_id(base) != _storage_id(w):
         return None
     key = (base.shape, base.stride(), base.storage_offset(), base.dtype,
            w.shape, w.stride(), w.storage_offset(), w.dtype, tuple(map(type, metas)))
@@ -207,9 +207,9 @@ def planned_copy(self, src):
     db, sb = self._base, src._base
     if db is None or sb is None or not (_is_functional(self) and _is_functional(src)):
         return None
-    ds, ss = self.untyped_storage()._cdata, src.untyped_storage()._cdata
+    ds, ss = _storage_id(self), _storage_id(src)
     if (ds == ss or not (_is_functional(db) and _is_functional(sb))
-            or db.untyped_storage()._cdata != ds or sb.untyped_storage()._cdata != ss):
+            or _storage_id(db) != ds or _storage_id(sb) != ss):
         return None
     dm, sm = _metas(self), _metas(src)
     if not dm or not sm or _metas(db) or _metas(sb):
@@ -272,7 +272,7 @@ def _other_kind(self, other):
         return type(other)
     if (type(other) is torch.Tensor and _is_functional(other)
             and not (other.requires_grad and _grad()) and other.device.type == "hlo"
-            and other.untyped_storage()._cdata != self.untyped_storage()._cdata):
+            and _storage_id(other) != _storage_id(self)):
         return (other.shape, other.dtype)
     return None
 
@@ -313,7 +313,7 @@ def in_place(functional, self, other, kwargs=None):
     if metas:
         base = self._base
         if (base is None or not _is_functional(base) or _metas(base)
-                or base.untyped_storage()._cdata != self.untyped_storage()._cdata):
+                or _storage_id(base) != _storage_id(self)):
             return None
         # one memo for the op's checks and the view's chain: everything both read
         key = (functional, self.shape, self.stride(), self.storage_offset(), self.dtype, kind,
@@ -408,7 +408,7 @@ def _with_number(op, functional, self, other, rest, kwargs):
 def shares_storage(a, b) -> bool:
     """``a`` and ``b`` are functional wrappers of one storage (``b`` may be anything)."""
     return (type(b) is torch.Tensor and _is_functional(b) and _is_functional(a)
-            and b.untyped_storage()._cdata == a.untyped_storage()._cdata)
+            and _storage_id(b) == _storage_id(a))
 
 
 def raise_on_partial_overlap(op, self, other) -> None:

@@ -39,7 +39,7 @@ from .boundary import _view_base
 from .inner import FunctionalInner
 from .checks import _requires_grad
 from .overrides import override
-from .strides import _to_meta, meta_like
+from .strides import _to_meta, meta_like, storage_id as _storage_id
 from .writes import Gather
 
 aten = torch.ops.aten
@@ -99,7 +99,7 @@ def _identity_base(self):
     view of the tensor it was made from, which may be gone), else None."""
     base = self._base
     if (base is None or not _is_functional(base) or base.dtype != self.dtype
-            or base.untyped_storage()._cdata != self.untyped_storage()._cdata
+            or _storage_id(base) != _storage_id(self)
             or not all(type(m).__name__ in _IDENTITY for m in _metas(base))):
         return None
     return base

@@ -34,6 +34,12 @@ def view_op_of(func) -> Optional[torch._ops.OpOverload]:
     return op if returns and returns[0].alias_info is not None else None
 
 
+# Which storage a functional wrapper is on (the address of its storage), for telling storages
+# apart. Never ``t.untyped_storage()`` on a wrapper: that Python storage object outlives the call,
+# and upstream's ``resize_`` counts it as one more view of the storage and refuses to grow it.
+storage_id = torch._C._storage_id
+
+
 def storage_extent(size, stride, offset: int) -> int:
     """Elements of storage a tensor of this geometry needs (0 when it has no elements)."""
     if any(s == 0 for s in size):

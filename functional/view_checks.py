@@ -22,12 +22,22 @@ does (``FunctionalTensorWrapper::shallow_copy_from``, what ``set__impl`` does le
 after eager's checks on meta tensors (``Could not set tensor of type ...``); the old storage and
 its other tensors go on as before.
 
-``resize_`` (``eager_resize.py``), ``set_`` of a storage, and ``detach_`` (cannot fail) are not
-covered here.
+**``resize_``** gets eager's errors the same way (``resize_(-1)``, ``channels_last`` of a 2-d
+shape). Within the storage it is an ``as_strided_`` with eager's strides (upstream's kernel lays
+the tensor out contiguously whatever the memory format, and it takes the storage's size from a
+count that an out= op's resize leaves stale: ``torch.arange(4.).view(2, 2).resize_(4)`` was
+refused as growing a view). Growing the storage of a tensor that has views, or of a view, is
+upstream's limit (``FunctionalTensorWrapper::maybe_replace_storage``, which raises before it
+changes anything): it is raised as a ``FunctionalizationLimit`` that names the shapes and what
+to do instead. (The legacy path grows such a storage as eager does.) ``set_`` of a storage and ``detach_``
+(cannot fail) are not covered here; in-place ops that resize their ``self`` are in
+``eager_resize.py``.
 """
 from __future__ import annotations
 
 import torch
+
+from torch._C._functionalization import get_view_meta_sequence as _metas
 
 from xla_compat.lowering.eager_checks import t_in_place_dims
 
@@ -41,10 +51,19 @@ OPS = (aten.transpose_.default, aten.t_.default, aten.squeeze_.default, aten.squ
        aten.swapdims_.default, aten.swapaxes_.default)
 
 
+def _storage_bytes(t: torch.Tensor) -> int:
+    """The size of a functional tensor's storage: upstream's count, or its inner tensor's (which
+    has eager's geometry) where an out= op resized it (``torch.arange``) and upstream's count
+    stayed at the old size. Never the wrapper's ``untyped_storage()``: upstream's ``resize_``
+    counts that Python handle as one more view of the storage and refuses to grow it."""
+    return max(torch._functionalize_get_storage_size(t, False),
+               torch._from_functional_tensor(t).untyped_storage().nbytes())
+
+
 def meta_like(t: torch.Tensor) -> torch.Tensor:
     """A meta tensor of ``t``'s dtype, sizes, strides and storage offset over a meta storage of
     ``t``'s storage size."""
-    storage = torch.UntypedStorage(t.untyped_storage().nbytes(), device="meta")
+    storage = torch.UntypedStorage(_storage_bytes(t), device="meta")
     out = torch.empty(0, dtype=t.dtype, device="meta")
     with torch.no_grad():
         out.set_(storage, t.storage_offset(), t.shape, t.stride())
@@ -87,12 +106,69 @@ def _checked(op):
     return kernel
 
 
+_UPSTREAM_GROW_LIMIT = "Attempted to resize a view tensor to a larger size"
+
+
+def _resize(upstream):
+    def kernel(keyset, self, size, *, memory_format=None):
+        if not (isinstance(self, torch.Tensor) and _is_functional(self)):
+            return upstream.call_boxed(keyset, self, size, memory_format=memory_format)
+        # eager's errors (negative sizes, channels_last of another rank) and eager's layout
+        twin = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
+        twin.resize_(size, memory_format=memory_format)
+        shape, stride, offset = tuple(twin.shape), twin.stride(), self.storage_offset()
+        end = (offset + twin.numel()) * self.element_size() if twin.numel() else 0
+        real = _storage_bytes(self)
+        if (torch._functionalize_get_storage_size(self, False) < real and not _metas(self)
+                and self.numel() * self.element_size() == real and self.is_contiguous()):
+            # upstream's count is stale (an out= op resized this tensor, torch.arange): its
+            # kernel "grows" the storage to the tensor's own size, which counts it right (where
+            # the storage has no other views)
+            try:
+                upstream.call_boxed(keyset, self, tuple(self.shape))
+            except RuntimeError as e:
+                if _UPSTREAM_GROW_LIMIT not in str(e):
+                    raise
+        if end <= real:
+            # No growth: a new layout over the same storage, as upstream's own kernel makes it
+            # (but with the memory format's strides, where upstream's are contiguous)
+            if shape != tuple(self.shape) or stride != self.stride():
+                self.as_strided_(shape, stride, offset)
+            return self
+        if not self.is_contiguous():
+            raise _limit(self, size, "is not contiguous (eager keeps its storage order, which the "
+                                     "functional path does not see)")
+        try:
+            return upstream.call_boxed(keyset, self, size, memory_format=memory_format)
+        except RuntimeError as e:
+            if _UPSTREAM_GROW_LIMIT not in str(e):
+                raise
+            raise _limit(self, size, "is a view or has views (upstream functionalization keeps "
+                                     "a storage's size)") from e
+    kernel.__name__ = "checked_resize_"
+    return kernel
+
+
+def _limit(self, size, why: str):
+    from .writes import FunctionalizationLimit
+    need = (self.storage_offset() + int(torch.Size(size).numel())) * self.element_size()
+    return FunctionalizationLimit(
+        f"xla_compat: resize_ from {list(self.shape)} to {list(size)} needs a storage of {need} "
+        f"bytes, which the functional path counts as growing the storage of a tensor that {why}; "
+        f"it cannot grow it. Nothing was changed. Use x = x.new_empty({list(size)}) and copy "
+        f"what you need (or torch.cat), or resize before making views; the legacy path grows "
+        f"it as eager does.")
+
+
 @installs_once
 def install(lib) -> None:
     """Register the kernels (once) for every op of ``OPS`` that has a Functionalize kernel."""
     for op in OPS:
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Functionalize"):
             override(lib, op, _checked(op), "Functionalize", with_keyset=True)
+    resize_ = aten.resize_.default
+    override(lib, resize_, _resize(torch.library.get_kernel(resize_, "Functionalize")),
+             "Functionalize", with_keyset=True)
     set_ = aten.set_.source_Tensor
     override(lib, set_, _set_to_tensor(torch.library.get_kernel(set_, "Functionalize")),
              "Functionalize", with_keyset=True)

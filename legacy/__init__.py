@@ -96,6 +96,7 @@ def _rebind(mapping) -> None:
         new = mapping.get(a.base)
         if new is not None:
             a.base = a.last = new
+            a.grown = None
             was[id(a)] = a.gen
             a.gen += 1
     for t in legacy_tensors():

@@ -30,7 +30,7 @@ class Alias:
     """One storage: the base value, writes pending on it, and a generation counter."""
 
     __slots__ = ("base", "pending", "gen", "root", "_nbytes", "_dtype", "sharding", "last",
-                 "serial", "__weakref__")
+                 "serial", "grown", "__weakref__")
 
     def __init__(self, base: Value, root: Layout):
         self.base = base
@@ -42,6 +42,7 @@ class Alias:
         self.sharding = None      # SPMD: the storage's layout over a mesh (xc.mark_sharding)
         self.last = base if type(base.node) is DeviceData else None   # last materialised base
         self.serial = next(_serial)
+        self.grown = None         # (the storage it grew from, the rule) until its next sync
 
     @property
     def nbytes(self) -> int:
@@ -54,7 +55,15 @@ class Alias:
 
     def roll_back(self, error: BaseException) -> None:
         """After a failed sync: drop writes since the last materialised base (poisoned if none);
-        every member re-derives when next read."""
+        every member re-derives when next read. A storage grown by ``resize_`` since its last
+        sync goes back to the smaller storage's last value, grown again."""
+        if self.grown is not None:
+            smaller, rule = self.grown
+            smaller.roll_back(error)
+            self.base = _node("legacy.grow", rule, (smaller.base,), self.base.aval)
+            self.pending.clear()
+            self.gen += 1
+            return
         last = self.last
         if last is not None and last.node.array.is_deleted():
             last = None

@@ -18,6 +18,7 @@ import torch
 from xla_compat import _jax, write_checks
 from xla_compat.lazy import tensor as _core_tensor
 from xla_compat.lazy import tracer
+from xla_compat.lazy.ir import Aval
 from xla_compat.lazy.tensor import lock
 from xla_compat.lowering.eager_checks import t_in_place_dims
 
@@ -304,7 +305,10 @@ def _as_strided(x, out, size, stride, storage_offset=None):
             f"setStorage: sizes {list(view.shape)}, strides {list(view.stride)}, storage offset "
             f"{view.offset}, and itemsize {item} requiring a storage size of "
             f"{view.storage_size * item} are out of bounds for storage of size {have * item}")
-    return (AsStrided(view, x._alias.root),)   # storage semantics: the chain so far is moot
+    root = x._alias.root                       # storage semantics: the chain so far is moot
+    if len(root.shape) == 1 and root.is_plain:
+        return views.in_flat(view, root)       # (a slice and a reshape where it can)
+    return (AsStrided(view, root),)
 
 
 @view_op(aten.view_as_real.default)
@@ -358,21 +362,48 @@ RESTRIDES[aten.t_.default] = _t_in_place
 
 
 def _resize(func, args, kwargs):
-    x, size = args[0], tuple(int(s) for s in args[1])
-    if size == tuple(x.shape):
+    """Eager's ``resize_``: a new shape laid out afresh (contiguous, or ``memory_format``) from
+    the same storage offset; past the end of the storage, the storage grows first. Eager's
+    resize on a meta twin gives the layout and eager's errors."""
+    x = args[0]
+    try:
+        out = func(meta_of(x), *args[1:], **kwargs)
+    except Exception as e:
+        tracer._reraise(e, func, args)
+    shape, stride = tuple(out.shape), tuple(out.stride())
+    if shape == tuple(x.shape) and stride == tuple(x.stride()):
         return x
-    numel = int(np.prod(size, dtype=np.int64))
-    if x.storage_offset() + numel > storage_elements(x):
-        raise NotImplementedError(
-            f"xla_compat: resize_ from {list(x.shape)} to {list(size)} needs a larger storage, "
-            f"which the legacy path cannot grow in place; use x = x.new_empty({list(size)}) "
-            f"(or torch.cat) instead")
-    stride, acc = [], 1
-    for n in reversed(size):
-        stride.append(acc)
-        acc *= max(n, 1)
+    end = out.storage_offset() + int(np.prod(shape, dtype=np.int64))
+    if out.numel() and end > storage_elements(x):
+        _grow(x, end)
     return restride(x, make_view(aten.as_strided.default, VIEWS[aten.as_strided.default],
-                                 (x, size, tuple(reversed(stride)), x.storage_offset()), {}))
+                                 (x, shape, stride, out.storage_offset()), {}))
+
+
+def _grow(x: LegacyTensor, elements: int) -> None:
+    """Eager's ``resize_`` past the end of the storage grows the storage in place: every tensor
+    on it keeps its sizes, strides and offset, over a larger storage. Here the alias becomes a
+    flat storage of ``elements`` (the old one's elements first, zeros after: eager leaves them
+    uninitialised), and each member reaches its place in it through the old root's."""
+    old = x._alias
+    if old.sharding is not None or not all(step.keeps_elements for step in x._chain):
+        raise NotImplementedError(
+            f"xla_compat: resize_ from {list(x.shape)} to {elements - x.storage_offset()} "
+            f"elements grows the storage of a "
+            f"{'sharded tensor' if old.sharding is not None else 'dtype-reinterpreting view'}, "
+            f"which the legacy path cannot grow in place; use x = x.new_empty(...) (or "
+            f"torch.cat) instead")
+    from .alias import Alias, _node
+    flat = Layout((elements,), (1,), 0)
+    rule = views.GrowStorage(old.root, elements)
+    new = Alias(_node("legacy.grow", rule, (old.flush(),), Aval((elements,), old._dtype)), flat)
+    new.grown = (old, rule)
+    prefix = views.in_flat(old.root, flat)
+    for m in _tensor_module.legacy_tensors():
+        if m._a is old:
+            m._gen = new.gen if m._gen == old.gen else -1    # a current value stays current
+            m._a = new
+            m._chain = views.fold(views.rebase(m._chain, prefix, flat), flat.shape)
 
 
 RESTRIDES[aten.resize_.default] = _resize
@@ -534,15 +565,9 @@ def _out_returns(func, args, kwargs):
 
 
 def resize_out(t: LegacyTensor, shape) -> None:
-    """Eager's ``resize_`` of an out= tensor: within its storage it stays a member (contiguous
-    strides from its offset); a larger one gets a fresh storage, which eager would grow in
-    place (other views of the old storage keep the old one here)."""
-    shape = tuple(int(s) for s in shape)
-    numel = int(np.prod(shape, dtype=np.int64))
-    if numel and t.storage_offset() + numel <= storage_elements(t):
-        _resize(aten.resize_.default, (t, shape), {})
-    else:
-        restride(t, _fresh(shape, t.dtype))
+    """Eager's ``resize_`` of an out= tensor: contiguous strides from its offset, in its storage,
+    which grows in place where it is too small (its other views stay on it)."""
+    _resize(aten.resize_.default, (t, tuple(int(s) for s in shape)), {})
 
 
 def resize_outs(func, args, kwargs) -> None:
@@ -556,14 +581,6 @@ def resize_outs(func, args, kwargs) -> None:
     for i, t in enumerate(flat):
         if isinstance(t, LegacyTensor) and i in after and tuple(after[i].shape) != tuple(t.shape):
             resize_out(t, after[i].shape)
-
-
-def _fresh(shape, dtype) -> LegacyTensor:
-    from xla_compat.device import _EmptyRule
-    from xla_compat.lazy.ir import Aval, Node, Value
-    aval = Aval(tuple(int(s) for s in shape), _jax.to_jax_dtype(dtype))
-    return LegacyTensor(Value(Node("empty", _EmptyRule(aval), (), (), (), (aval,)), 0), aval.shape,
-                        dtype)
 
 
 _tensor_module.bind_ops(sys.modules[__name__])

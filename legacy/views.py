@@ -239,6 +239,39 @@ class AsStrided(ViewStep):
 
 
 @dataclass(frozen=True)
+class GrowStorage:
+    """IR rule: the storage ``root`` lays a value over, flat and extended to ``elements`` (eager's
+    ``resize_`` past the storage; eager leaves the new elements uninitialised, here they are 0)."""
+
+    root: Layout
+    elements: int
+
+    def __call__(self, base):
+        flat = to_storage(base, self.root)
+        return jnp.pad(flat, (0, self.elements - flat.shape[0]))
+
+
+def in_flat(view: Layout, flat: Layout) -> tuple:
+    """The steps from a flat storage (``flat``: 1-d from offset 0) to a tensor laid out as
+    ``view`` over it: a slice and a reshape where ``view`` is contiguous, else ``as_strided``."""
+    if not Layout(view.shape, view.stride, 0).is_plain:
+        return (AsStrided(view, flat),)
+    numel = int(np.prod(view.shape, dtype=np.int64))
+    whole = view.offset == 0 and numel == flat.shape[0]
+    steps = () if whole else (Slice(0, view.offset, view.offset + numel, 1),)
+    return steps if tuple(view.shape) == (numel,) else steps + (Reshape(tuple(view.shape)),)
+
+
+def rebase(chain: tuple, prefix: tuple, flat: Layout) -> tuple:
+    """``chain`` from an old root, as steps from the flat storage the root lies in (``prefix``
+    reaches the old root: ``in_flat``). An ``as_strided`` step names storage positions: it
+    stays, over ``flat``."""
+    if chain and type(chain[0]) is AsStrided:
+        return (AsStrided(chain[0].view, flat),) + chain[1:]
+    return prefix + chain
+
+
+@dataclass(frozen=True)
 class ViewAsReal(ViewStep):
     """view_as_real: complex (...) -> real (..., 2)."""
 

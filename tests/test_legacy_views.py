@@ -356,10 +356,15 @@ def test_resize_within_storage_reinterprets_like_eager():
     run_both(prog, torch.arange(6.0))
 
 
-def test_resize_beyond_storage_is_a_clear_error():
-    x = torch.zeros(4, device=xc.device())
-    with pytest.raises(NotImplementedError, match="resize_"):
+def test_resize_beyond_storage_grows_it_in_place_like_eager():
+    def prog(x):
+        v = x[1:3]
         x.resize_(10)
+        x[4:] = 2             # the new elements, uninitialised in eager: written before read
+        v.add_(1)             # still a view of x's (grown) storage
+        return [x, v]
+
+    run_both(prog, torch.zeros(4))
 
 
 def test_data_assignment_shares_storage():

@@ -918,10 +918,31 @@ def _rollback(pending: list, error: BaseException, roots=None) -> None:
 
 def restored(value: Value, last, error: BaseException) -> Value:
     """What a tensor that held ``value`` holds after a failed sync: ``last``, its last
-    materialised value, where that buffer still lives; else ``value`` poisoned with the error."""
+    materialised value, where that buffer still lives; else ``value`` poisoned with the error.
+    A tensor resized since (``resize_``, an out= op) keeps its new size: ``last`` resized."""
     if last is not None and not last.node.array.is_deleted():
-        return last
+        if last.aval == value.aval or last.aval.dtype != value.aval.dtype:
+            return last
+        return Value(Node("resized", Resized(tuple(value.aval.shape)), (ir.Slot(0),), (),
+                          (last,), (value.aval,)), 0)
     return Value(Poisoned(value.node.avals, poison_error(error)), value.index)
+
+
+@dataclass(frozen=True)
+class Resized:
+    """IR rule: a value resized as ``resize_`` resizes a contiguous tensor (the first elements in
+    row-major order keep their values; new ones are uninitialised in eager, 0 here)."""
+
+    shape: tuple
+
+    def __call__(self, x):
+        n = 1
+        for d in self.shape:
+            n *= d
+        flat = jax.numpy.reshape(x, (-1,))
+        if n > flat.shape[0]:
+            flat = jax.numpy.pad(flat, (0, n - flat.shape[0]))
+        return jax.numpy.reshape(flat[:n], self.shape)
 
 
 def poison_error(error: BaseException) -> RuntimeError:

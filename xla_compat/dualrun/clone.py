@@ -189,8 +189,8 @@ def alias_key(t: torch.Tensor):
     a = getattr(t, "_alias", None)
     if a is not None:
         return ("alias", id(a))
-    try:
-        from torch.multiprocessing.reductions import StorageWeakRef
-        return ("storage", StorageWeakRef(t.untyped_storage()).cdata)
+    try:    # (not t.untyped_storage(): on a functional wrapper that handle outlives the call,
+            # and upstream's resize_ then refuses to grow the storage)
+        return ("storage", torch._C._storage_id(t))
     except Exception:  # a tensor without storage: only identity counts
         return ("tensor", id(t))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from ..lazy import tracer
@@ -363,7 +364,11 @@ def resize(x, size, *, memory_format=None, aval):
     flat, n = jnp.reshape(x, (-1,)), int(np.prod(aval.shape, dtype=np.int64))
     if n > flat.shape[0]:
         flat = jnp.concatenate([flat, jnp.zeros((n - flat.shape[0],), x.dtype)])
-    return jnp.reshape(flat[:n], aval.shape)
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format) or n == 0:
+        return jnp.reshape(flat[:n], aval.shape)
+    # channels_last: the same storage read through that format's (dense) strides
+    stride = torch.empty(aval.shape, device="meta", memory_format=memory_format).stride()
+    return flat[strided_index(aval.shape, stride, 0)]
 
 
 @tracer.special(aten.resize_as_.default)
