@@ -47,6 +47,10 @@ KNOWN = (
      "functional: a write through unfold windows with gaps, or computed from overlapping "
      "windows, after the view was synced away from its base (clear FunctionalizationLimit; the "
      "values it needs are no longer in the graph)"),
+    ("functional", re.compile(r"FunctionalizationLimit: .*counts as growing the storage of a "
+                              r"tensor that (is a view or has views|is not contiguous)"),
+     "functional: resize_ past the end of the storage of a view or of a tensor with views "
+     "(upstream functionalization keeps a storage's size; documented in the guide)"),
     ("functional", re.compile(r"setStorage: .*nothing was raised"),
      "functional: as_strided beyond the storage is not rejected"),
     ("functional", re.compile(r": strides of size-1 dims only \("),

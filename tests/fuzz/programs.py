@@ -345,7 +345,7 @@ def _indexed_write(draw, kind, name, t, num):
 
 def draw_restride(draw, name, t, others=()):
     """Source of an in-place metadata change of ``t`` (``t_``, ``transpose_``, ``unsqueeze_``,
-    ``squeeze_``, ``swapdims_``, ``as_strided_``, a shrinking ``resize_``): the tensor object
+    ``squeeze_``, ``swapdims_``, ``as_strided_``, ``resize_``): the tensor object
     keeps its storage and takes another geometry; later statements see the new one. Or ``t``
     takes another live tensor's storage and geometry (``set_``, ``.data =``), after which a
     write through either is seen through the other (``others``: (name, tensor) pairs)."""
@@ -379,12 +379,14 @@ def draw_restride(draw, name, t, others=()):
     if kind == "as_strided_":
         size, stride, offset = _strided(draw, t)
         return f"{name}.as_strided_({size}, {stride}, {offset})"
-    # resize_ within the elements the tensor has and its storage holds (eager grows a storage in
-    # place, with uninitialised memory; both paths refuse that clearly), to explicit sizes (eager
-    # keeps a -1 it refuses)
-    k = _ints(draw, 0, min(t.numel(), room))
+    # resize_ to explicit sizes (eager keeps a -1 it refuses): within the elements the tensor has
+    # and its storage holds, or past the end of the storage, which grows in place with
+    # uninitialised memory: the same statement writes the new elements before anything reads them
+    grow = draw(st.booleans())
+    k = _ints(draw, room + 1, room + 6) if grow else _ints(draw, 0, min(t.numel(), room))
     f = draw(st.sampled_from([f for f in (1, 2, 3) if k % f == 0]))
-    return f"{name}.resize_({(f, k // f) if f > 1 else (k,)})"
+    resize = f"{name}.resize_({(f, k // f) if f > 1 else (k,)})"
+    return f"{resize}; {name}.view(-1)[{room}:] = {_ints(draw, -3, 3)}" if grow else resize
 
 
 def _source(draw, t, others, exact=False):
