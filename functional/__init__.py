@@ -19,6 +19,7 @@ from xla_compat.lazy.ir import skip_frames_in
 from . import assign as _assign
 from . import boundary as _boundary
 from .inner import FunctionalInner
+from .strides import storage_id
 from .wrap import after_sync as _after_sync
 from .wrap import roll_back as _roll_back
 from .wrap import alias_id, before_sync, inner, owns, probe, to_path, wrap
@@ -38,7 +39,7 @@ skip_frames_in(__path__[0])
 IMPL = _paths.PathImpl(
     name="functional", version=VERSION, torch_versions=">=2.13,<2.15",
     tensor_cls=FunctionalInner, wrap=wrap, inner=inner, owns=owns, before_sync=before_sync,
-    probe=probe, to_path=to_path, assign=_assign.assign,
+    probe=probe, to_path=to_path, assign=_assign.assign, storage_id=storage_id,
     extras={"alias_id": alias_id})
 
 _boundary.install()

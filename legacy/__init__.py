@@ -148,6 +148,7 @@ executor.register_rebinder(_rebind)
 executor.register_failure_hook(_roll_back)
 paths.register(paths.PathImpl(
     name="legacy", version=VERSION, torch_versions=">=2.13", tensor_cls=LegacyTensor,
-    inner=_inner, owns=_owns, before_sync=_before_sync, probe=_probe, to_path=_to_path))
+    inner=_inner, owns=_owns, before_sync=_before_sync, probe=_probe, to_path=_to_path,
+    storage_id=lambda t: id(t._alias)))       # (the Alias is made on first need: a loose result)
 
 __all__ = ["LegacyTensor", "Alias", "ViewStep", "VERSION"]

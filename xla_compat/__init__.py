@@ -67,6 +67,10 @@ def hlo_text(tensors) -> str:
     return _executor.hlo_text(_paths.inner_tensors(tensors))
 
 
+storage_id = _paths.storage_id
+shares_storage = _paths.shares_storage
+
+
 def manual_seed(seed: int) -> None:
     """Seed the device RNG (``torch.manual_seed`` does this too)."""
     _rng.manual_seed(seed)
@@ -79,4 +83,5 @@ def wait_device_ops() -> None:
 __all__ = ["device", "sync", "mark_step", "hlo_text", "manual_seed", "metrics", "LazyTensor",
            "LoweringError", "UnsupportedOpError", "wait_device_ops", "path", "explain", "use_path",
            "to_path", "PathUnavailableError", "dual_run", "dual_run_step", "lockstep",
-           "MismatchError", "Mesh", "mark_sharding", "clear_sharding", "compile", "CapturedStep"]
+           "MismatchError", "Mesh", "mark_sharding", "clear_sharding", "compile", "CapturedStep",
+           "storage_id", "shares_storage"]

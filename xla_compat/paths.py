@@ -51,6 +51,8 @@ class PathImpl:
     probe: Callable = _always                # None if this torch can run the path, else why not
     to_path: Callable = None                 # copy a tensor of another path onto this one
     assign: Callable = _assign_value         # t now holds a Value (a whole-tensor write)
+    storage_id: Callable = id                # an int its tensors share exactly when they share
+                                             # storage (core: every tensor its own)
     extras: dict = field(default_factory=dict)
 
 
@@ -167,6 +169,25 @@ def inner_tensor(t) -> LazyTensor:
         raise TypeError(f"xla_compat: a {type(t).__name__} on {getattr(t, 'device', '?')} is "
                         f"not an hlo tensor")
     return get(name).inner(t)
+
+
+def storage_id(t: torch.Tensor) -> tuple:
+    """Which storage ``t`` is on: equal for two tensors exactly when they share memory, as eager
+    tensors on one storage do (a view and its base, two views of a tensor, ``x.data = y``).
+
+    What eager code reads from ``t.untyped_storage().data_ptr()``: an hlo tensor has no host
+    memory, so its storage has no address and its ``data_ptr()`` is only its storage offset in
+    bytes, equal for any two tensors at offset 0. (The storage of a tensor that ``resize_`` grew
+    is a new one, as eager's ``data_ptr()`` moves when it reallocates.)"""
+    name = of(t)
+    if name is None:
+        return (t.device.type, torch._C._storage_id(t))
+    return (name, get(name).storage_id(t))
+
+
+def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Do ``a`` and ``b`` share memory? (``storage_id``; on every path and on the CPU.)"""
+    return a.device == b.device and storage_id(a) == storage_id(b)
 
 
 def inner_tensors(tensors: Iterable) -> list:
