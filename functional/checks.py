@@ -121,9 +121,11 @@ def _kernel(spec: OutOp):
 
 def _count_storage(out) -> None:
     """An out= op that resized its out tensor leaves upstream's count of the storage's size at the
-    old one (``replace_`` sets sizes only: ``torch.arange``'s result counted 0 bytes), so a later
-    ``resize_`` within the storage was refused as growing a view. Where it falls short and the
-    tensor is no view, upstream's ``resize_`` to the same shape gives it a storage of its size."""
+    old one (``replace_`` sets sizes only: ``untyped_storage().nbytes()`` read 0 after
+    ``torch.add(..., out=torch.empty(0))``). Where it falls short and the tensor is no view,
+    upstream's ``resize_`` to the same shape gives it a storage of its size. (Factories that write
+    through their out= overload below autograd, ``torch.arange`` and ``torch.eye``, keep the
+    stale count; ``view_checks._storage_bytes`` reads past it.)"""
     need = (out.storage_offset() + out.numel()) * out.element_size() if out.numel() else 0
     if need > torch._functionalize_get_storage_size(out, False) and not direct._metas(out):
         with _BELOW_AUTOGRAD():

@@ -107,7 +107,17 @@ def _out_of_another_shape_grows_with_its_view(d):
     return [x, v]
 
 
-BOTH = [_empty_grows, _base_grows_twice, _grown_base_keeps_its_values,
+def _out_resized_then_laid_out_anew_with_a_view(d):
+    o = torch.empty(0, device=d)
+    torch.add(torch.arange(6.0, device=d), 1, out=o)    # o resized to 6 by the out= op
+    v = o[:3]
+    o.resize_(2, 3)                                     # within its storage, v still on it
+    o[1] = 0
+    v.mul_(2)
+    return [o, v]
+
+
+BOTH = [_out_resized_then_laid_out_anew_with_a_view, _empty_grows, _base_grows_twice, _grown_base_keeps_its_values,
         _out_of_an_arange_resized_within, _channels_last_over_the_same_storage,
         _channels_last_grown_from_empty, _out_of_another_shape_grows_with_its_view]
 
@@ -115,6 +125,22 @@ BOTH = [_empty_grows, _base_grows_twice, _grown_base_keeps_its_values,
 @pytest.mark.parametrize("prog", BOTH, ids=lambda p: p.__name__.strip("_"))
 def test_resize_matches_eager(path, prog):
     _run(prog)
+
+
+def test_the_storage_size_after_a_resize_reads_as_eagers(path):
+    """``untyped_storage().nbytes()`` after an out= op resized its out tensor and after a
+    ``resize_`` grew one (functional: upstream's count stayed at the old size after the out=
+    op's resize; it is recounted)."""
+    def sizes(d):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            o = torch.empty(0, device=d)
+            torch.add(torch.arange(6.0, device=d), 1, out=o)
+            x = torch.ones(2, device=d)
+            x.resize_(5)
+            return [o.untyped_storage().nbytes(), x.untyped_storage().nbytes(),
+                    x[1:].untyped_storage().nbytes()]
+    assert sizes(xc.device()) == sizes("cpu") == [24, 20, 20]
 
 
 # -- legacy as eager; functional refuses (FunctionalizationLimit, nothing changed) -------------
