@@ -3,7 +3,7 @@ PIP     := .venv/bin/pip
 JOBS    ?= 2
 CAP     ?= 8
 
-.PHONY: demo test conformance bench fuzz clean
+.PHONY: demo test test-slow conformance bench fuzz clean
 
 .venv: constraints.txt pyproject.toml
 	python3 -m venv .venv
@@ -16,6 +16,11 @@ demo: .venv
 
 test: .venv
 	$(PY) -m pytest -q -n $(JOBS) -m "not slow" tests
+
+# What make test leaves out: the rest of the cross products it samples (tests/sampling.py) and
+# the long runs (marked slow).
+test-slow: .venv
+	$(PY) -m pytest -q -n $(JOBS) -m slow tests
 
 conformance: .venv
 	$(PY) -m tests.conformance.run --full --paths legacy,functional --cap $(CAP) --jobs $(JOBS)

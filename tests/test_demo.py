@@ -56,8 +56,10 @@ def test_demo_repeats_exactly_with_the_same_seed(tmp_path):
     assert re.search(r"PersistentCacheHit=\d+", outs[1])
 
 
-def test_demo_with_step_capture_replays_and_trains(path, tmp_path, compile_cache):
-    out = _run(path, tmp_path, "--capture", cache=compile_cache)
+def test_demo_with_step_capture_replays_and_trains(tmp_path, compile_cache):
+    """The demo's --capture flag, on the functional path (captured training on both paths is
+    tests/test_capture.py's)."""
+    out = _run("functional", tmp_path, "--capture", cache=compile_cache)
     stats = re.search(r"step capture: \{'replays': (\d+), 'recorded': (\d+)", out)
     assert stats, out[-2000:]
     assert int(stats.group(1)) == 8 and int(stats.group(2)) == 2   # 10 steps: 2 recorded

@@ -25,7 +25,8 @@ import xla_compat as xc
 from xla_compat import metrics, paths, settings
 from xla_compat.dualrun import pairs
 from xla_compat.lowering import registry
-from tests.conftest import assert_same
+from tests.conftest import PATHS, assert_same
+from tests.sampling import all_pairs
 from tests.models import MLP
 
 aten = torch.ops.aten
@@ -168,15 +169,13 @@ def _plain_run(path, dev):
     return _PLAIN[path]
 
 
-def _cases():
-    for mode in MODES:
-        for fault in FAULTS:
-            if fault == "hang" and not mode.startswith("lockstep"):
-                continue     # an execution hang of a function-level shadow: the xfail below
-            yield mode, fault
+def _valid(path, mode, fault):
+    # an execution hang of a function-level shadow: the xfail below
+    return fault != "hang" or mode.startswith("lockstep")
 
 
-@pytest.mark.parametrize("mode,fault", list(_cases()))
+@pytest.mark.parametrize("path,mode,fault", all_pairs(PATHS, MODES, FAULTS, valid=_valid),
+                         indirect=["path"])
 def test_a_faulty_shadow_leaves_the_authoritative_run_bit_identical(path, dev, mode, fault):
     shadow = "functional" if path == "legacy" else "legacy"
     plain_losses, plain_params = _plain_run(path, dev)

@@ -9,6 +9,7 @@ import torch
 
 import xla_compat as xc
 from tests.conftest import assert_same
+from tests.sampling import all_pairs
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use of index_put_ on expanded tensors")
 
@@ -41,9 +42,8 @@ WRITES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
-@pytest.mark.parametrize("write", list(WRITES))
-@pytest.mark.parametrize("view", list(VIEWS))
+@pytest.mark.parametrize("view,write,dtype",
+                         all_pairs(list(VIEWS), list(WRITES), [torch.float32, torch.int64]))
 def test_a_write_into_a_view_of_shared_elements_matches_eager(path, dev, view, write, dtype):
     def program(base):
         v = VIEWS[view](base)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import assert_same
+from tests.sampling import all_pairs
 from xla_compat.lowering.views import OverlapWalk, iteration_order
 
 
@@ -427,9 +428,8 @@ OPS_ON_VIEWS = {"mul": lambda w: w.mul_(2.), "add_self": lambda w: w.add_(w),
 WINDOWED = [((6,), 0, 3, 1), ((10,), 0, 4, 2), ((2, 7), 1, 3, 2)]
 
 
-@pytest.mark.parametrize("geometry", WINDOWED, ids=str)
-@pytest.mark.parametrize("op", sorted(OPS_ON_VIEWS))
-@pytest.mark.parametrize("view", sorted(VIEWS_OF_WINDOWS))
+@pytest.mark.parametrize("view,op,geometry", all_pairs(sorted(VIEWS_OF_WINDOWS),
+                                                      sorted(OPS_ON_VIEWS), WINDOWED))
 def test_an_in_place_op_through_a_view_of_overlapping_windows_walks_that_view_like_eager(
         path, dev, view, op, geometry):
     # Session 18: a pointwise op through a view of the windows whose own elements share memory

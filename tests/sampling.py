@@ -1,0 +1,45 @@
+"""Cross products of test parameters that ``make test`` samples and ``make test-slow`` runs whole.
+
+A test over the product of several axes (views x ops x geometries) is written once over the whole
+product. ``all_pairs`` marks every case outside an all-pairs subset ``slow``: every value of
+each axis meets every value of every other axis in at least one case that ``make test`` runs,
+which finds the bugs that depend on two of the parameters together at a third of the cost or
+less. ``make test-slow`` (``-m slow``) runs the rest.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+
+def all_pairs(*axes, valid=lambda *case: True, id_of=str) -> list:
+    """Each valid case of the product of ``axes`` as a ``pytest.param`` (its id: its values'
+    ``id_of`` joined by ``-``); cases outside a greedy all-pairs cover are marked ``slow``."""
+    cases = [c for c in itertools.product(*axes) if valid(*c)]
+    keep = _cover(cases, len(axes))
+    return [pytest.param(*c, id="-".join(id_of(v) for v in c),
+                         marks=() if i in keep else pytest.mark.slow)
+            for i, c in enumerate(cases)]
+
+
+def _pairs(case) -> set:
+    return {(i, a, j, b) for (i, a), (j, b) in itertools.combinations(
+        [(i, _hashable(v)) for i, v in enumerate(case)], 2)}
+
+
+def _hashable(v):
+    return v if isinstance(v, (str, int, float, tuple)) else repr(v)
+
+
+def _cover(cases: list, n_axes: int) -> set:
+    """Indices of cases that together hold every pair the valid cases hold (greedy: the case
+    with the most pairs not yet held first; ties to the earliest)."""
+    pairs = [_pairs(c) for c in cases]
+    wanted = set().union(*pairs) if pairs else set()
+    keep: set = set()
+    while wanted:
+        best = max(range(len(cases)), key=lambda i: (len(pairs[i] & wanted), -i))
+        keep.add(best)
+        wanted -= pairs[best]
+    return keep
