@@ -24,9 +24,15 @@ def _mm(a, b, out_dtype, keep_acc=False):
 
 
 @lowering(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.dot.default,
-          aten.vdot.default, aten.mv.default, meta=True)
+          aten.mv.default, meta=True)
 def mm(a, b, *, aval):
     return _mm(a, b, aval.dtype)
+
+
+@lowering(aten.vdot.default, meta=True)
+def vdot(a, b, *, aval):
+    """``sum(conj(a) * b)``: the first operand conjugated (a no-op for real ones)."""
+    return _mm(jnp.conj(a), b, aval.dtype)
 
 
 def _scaled(inp, prod, beta, alpha, dtype):

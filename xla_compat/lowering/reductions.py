@@ -97,15 +97,25 @@ def _correction(correction, unbiased):
     return 1 if unbiased is None or unbiased else 0
 
 
+def _accumulated(x, aval):
+    """``x`` in the accumulation dtype of the (real) result's dtype; a complex ``x`` stays complex
+    (the variance of complex values is the mean of ``|x - mean|**2``, and the norms take ``|x|``:
+    a cast to the real result dtype first would keep only the real parts)."""
+    acc = acc_dtype(aval.dtype)
+    if jnp.iscomplexobj(x):
+        acc = jnp.result_type(acc, jnp.complex64)
+    return cast(x, acc)
+
+
 @lowering(aten.var.correction, static=True, meta=True)
 def var(x, d=None, *, correction=None, keepdim=False, aval):
-    x = cast(x, acc_dtype(aval.dtype))
+    x = _accumulated(x, aval)
     return jnp.var(x, axis=_red_dims(x, d), ddof=_correction(correction, None), keepdims=keepdim)
 
 
 @lowering(aten.std.correction, static=True, meta=True)
 def std(x, d=None, *, correction=None, keepdim=False, aval):
-    x = cast(x, acc_dtype(aval.dtype))
+    x = _accumulated(x, aval)
     return jnp.std(x, axis=_red_dims(x, d), ddof=_correction(correction, None), keepdims=keepdim)
 
 
@@ -143,6 +153,7 @@ def all_(x, d=None, keepdim=False):
 
 @lowering(aten.linalg_vector_norm.default, static=True, meta=True)
 def vector_norm(x, ord=2, d=None, keepdim=False, *, dtype=None, aval):
+    x = jnp.abs(x) if jnp.iscomplexobj(x) else x      # |z| of complex values, in their precision
     x = jnp.abs(cast(x, aval.dtype))
     ax = _red_dims(x, d)
     if ord == float("inf"):
@@ -162,7 +173,7 @@ def vector_norm(x, ord=2, d=None, keepdim=False, *, dtype=None, aval):
 def dist(x, other, p=2, *, aval):
     """``norm(x - other, p)`` over the broadcast difference, accumulated like vector_norm."""
     acc = acc_dtype(aval.dtype)
-    diff = cast(x, acc) - cast(other, acc)
+    diff = _accumulated(x, aval) - _accumulated(other, aval)
     return cast(vector_norm(diff, p, None, False, aval=jax.ShapeDtypeStruct((), acc)), aval.dtype)
 
 
