@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import xla_compat as xc
 from tests.conftest import assert_same
+from tests.sampling import all_pairs
 
 DTYPES = (torch.bfloat16, torch.float16)
 N = 2048
@@ -242,9 +243,8 @@ _BATCH_NORMS = {
 }
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("affine", [True, False])
-@pytest.mark.parametrize("kind", sorted(_BATCH_NORMS))
+@pytest.mark.parametrize("kind,affine,dtype",
+                         all_pairs(sorted(_BATCH_NORMS), [True, False], DTYPES))
 def test_batch_norm_statistics_round_where_eager_stores_them(path, dev, dtype, affine, kind):
     """Eager's bfloat16 kernel keeps mean, sum of squares, variance and invstd in bfloat16 as it
     goes and updates the running stats in bfloat16 arithmetic; its float16 calls compute in
