@@ -29,8 +29,8 @@ count that an out= op's resize leaves stale: ``torch.arange(4.).view(2, 2).resiz
 refused as growing a view). Growing the storage of a tensor that has views, or of a view, is
 upstream's limit (``FunctionalTensorWrapper::maybe_replace_storage``, which raises before it
 changes anything): it is raised as a ``FunctionalizationLimit`` that names the shapes and what
-to do instead. (The legacy path grows such a storage as eager does.) ``set_`` of a storage and ``detach_``
-(cannot fail) are not covered here; in-place ops that resize their ``self`` are in
+to do instead. (The legacy path grows such a storage as eager does.) ``set_`` of a storage and
+``detach_`` (cannot fail) are not covered here; in-place ops that resize their ``self`` are in
 ``eager_resize.py``.
 """
 from __future__ import annotations

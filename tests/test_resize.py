@@ -117,9 +117,10 @@ def _out_resized_then_laid_out_anew_with_a_view(d):
     return [o, v]
 
 
-BOTH = [_out_resized_then_laid_out_anew_with_a_view, _empty_grows, _base_grows_twice, _grown_base_keeps_its_values,
-        _out_of_an_arange_resized_within, _channels_last_over_the_same_storage,
-        _channels_last_grown_from_empty, _out_of_another_shape_grows_with_its_view]
+BOTH = [_out_resized_then_laid_out_anew_with_a_view, _empty_grows, _base_grows_twice,
+        _grown_base_keeps_its_values, _out_of_an_arange_resized_within,
+        _channels_last_over_the_same_storage, _channels_last_grown_from_empty,
+        _out_of_another_shape_grows_with_its_view]
 
 
 @pytest.mark.parametrize("prog", BOTH, ids=lambda p: p.__name__.strip("_"))
