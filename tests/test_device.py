@@ -92,6 +92,37 @@ def test_random_factories_have_right_shape_dtype_and_range(path, dev):
     assert i.dtype == torch.int64 and i.min() >= 3 and i.max() <= 8 and len(i.unique()) == 6
 
 
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+def test_complex_uniform_fills_both_parts_as_eager(path, dev, dtype):
+    """Eager's ``uniform_`` of a complex tensor draws its real and imaginary parts alike (from
+    ``view_as_real``); the lowering used to refuse complex dtypes."""
+    t = torch.empty(20000, dtype=dtype, device=dev).uniform_(-2, 3).cpu()
+    assert t.dtype == dtype
+    for part in (t.real, t.imag):
+        assert -2 <= part.min() and part.max() < 3
+        assert abs(part.mean() - 0.5) < 0.05 and abs(part.std() - 5 / 12 ** 0.5) < 0.05
+    assert abs(torch.corrcoef(torch.stack([t.real, t.imag]))[0, 1]) < 0.05
+    assert xc.metrics.fallback_ops() == []
+
+
+@pytest.mark.parametrize("make, n, dtype", [
+    (lambda d: torch.randperm(50, device=d), 50, torch.int64),
+    (lambda d: torch.randperm(9, dtype=torch.int32, device=d), 9, torch.int32),
+    (lambda d: torch.randperm(12, generator=torch.Generator().manual_seed(3), device=d), 12,
+     torch.int64),
+    (lambda d: torch.randperm(7, out=torch.empty(0, dtype=torch.int64, device=d)), 7,
+     torch.int64),
+    (lambda d: torch.randperm(1, device=d), 1, torch.int64),
+], ids=["plain", "int32", "generator", "out", "one"])
+def test_randperm_is_a_permutation_on_the_device(path, dev, make, n, dtype):
+    """On the device ``torch.randperm`` reaches its out= form (``generator_out``), which fell
+    back to the CPU on both paths."""
+    got = make(dev)
+    assert got.device == dev and got.dtype == dtype and got.shape == (n,)
+    assert sorted(got.cpu().tolist()) == list(range(n))
+    assert xc.metrics.fallback_ops() == []
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_dtypes_round_trip_and_compute(path, dev, dtype):
     base = torch.tensor([[0, 1, 2], [3, 4, 5]]).to(dtype)

@@ -195,7 +195,7 @@ def markdown(data: dict) -> str:
 
 
 def _run_line(m: dict) -> str:
-    dtypes = ", ".join(m.get("dtypes") or ["float32", "int64", "bool", "bfloat16"])
+    dtypes = ", ".join(m.get("dtypes") or ["float32", "int64", "bool", "bfloat16"])  # (older runs)
     return (f"- paths **{', '.join(m['paths'])}**: date {m['date']}, commit {m['commit']}, jax "
             f"{m['jax']}; wall time **{m['wall_seconds'] / 60:.1f} min** "
             f"({m['wall_seconds']:.0f} s) with {m['jobs']} worker process(es); dtypes {dtypes}; "

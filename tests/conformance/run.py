@@ -178,7 +178,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", 2)))
     ap.add_argument("--cap", type=int, default=24,
                     help="samples per op and dtype (bfloat16: half); 0 = every sample")
-    ap.add_argument("--dtypes", help="comma-separated subset of float32,int64,bool,bfloat16")
+    ap.add_argument("--dtypes", help="comma-separated dtypes (default: harness.DTYPES, and "
+                         "float64 for ops that support none of them); any torch dtype, e.g. "
+                         "float16, to probe")
     ap.add_argument("--no-inplace", action="store_true")
     ap.add_argument("--op-timeout", type=float, default=600.0)
     ap.add_argument("--out", help="directory for REPORT.md and report.json "
@@ -206,7 +208,7 @@ def main(argv=None) -> int:
         "wall_seconds": round(wall, 1),
         "jobs": args.jobs,
         "cap": args.cap,
-        "dtypes": cfg["dtypes"],
+        "dtypes": cfg["dtypes"] or [harness.dtype_name(d) for d in harness.DTYPES],
         "paths": paths,
         "unavailable_paths": unavailable,
         "ops_selected": len(indices),

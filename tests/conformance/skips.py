@@ -187,7 +187,37 @@ TOLERANCES: dict[str, tuple[dict[torch.dtype, tuple[float, float]], str]] = {
                    "samples have 1-norms near 27 (4 squarings) and entries up to 1e5, where float32 "
                    "rounding of two BLAS libraries differs by up to 2e-4 absolute in small entries "
                    "(eager itself is 5e-3 away from the float64 result there)"),
+    "nn.functional.conv_transpose3d": (
+        {torch.complex64: (1.3e-5, 1.3e-4)},
+        "eager runs a complex convolution as three float32 ones (Gauss's trick, above the "
+        "backend: the device sees the same three) and takes the imaginary part as c - a - b, "
+        "which cancels; float32 rounding that passes in each real convolution becomes up to "
+        "2.4e-5 absolute in small entries. op_db allows the same (atol 1.3e-4) for complex64 "
+        "between CUDA and the CPU"),
 }
+
+# Ops whose samples are ill-conditioned in a dtype: eager's own result is farther from the
+# exact one than the dtype's tolerance, so two correct implementations differ by more than it
+# too. For these, a device result that misses eager's by more than the tolerance still passes
+# where it is no farther from the exact result (the sample run in float64/complex128 on the
+# CPU) than twice eager's own error plus the tolerance (``harness.compare_accuracy``).
+ACCURACY_JUDGED: dict[str, tuple[frozenset, str]] = {
+    "matrix_exp": (
+        frozenset({torch.complex64}),
+        "samples with 1-norms near 40 (6 squarings) and entries up to 3e7; eager's complex64 "
+        "result is 1.9 (absolute) from the complex128 one in small entries, ours 0.65 "
+        "(normwise both ~1e-6)"),
+    "__rpow__": (
+        frozenset({torch.complex64}),
+        "a complex64 base to a power of modulus ~10: exp(y log x) magnifies float32 rounding "
+        "of y log x ~20x; eager (glibc's cpowf) is up to 4.3e-6 relative from the complex128 "
+        "result; the device computes complex64 powers in complex128 and rounds once (5.6e-8)"),
+}
+
+
+def accuracy_judged(full_name: str, dtype: torch.dtype) -> bool:
+    entry = ACCURACY_JUDGED.get(full_name)
+    return entry is not None and dtype in entry[0]
 
 
 def skip_sample(full_name: str, variant: str, dtype: torch.dtype, sample) -> str | None:

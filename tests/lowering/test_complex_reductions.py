@@ -1,4 +1,4 @@
-"""Norms, variances and dot products of complex tensors match CPU eager on both paths.
+"""Norms, variances, dot products, scans and powers of complex tensors match CPU eager on both paths.
 
 Their results are real; the lowerings cast the input to the result's (real) dtype first, which
 kept only the real parts (``vector_norm([3+4j])`` read 3), and ``vdot`` did not conjugate its
@@ -44,3 +44,44 @@ def test_complex_reductions_match_eager(path, op):
     want = OPS[op](x, y)
     got = OPS[op](dev(x), dev(y))
     assert_same(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+@pytest.mark.parametrize("d", [0, 1, -1])
+def test_complex_logcumsumexp_takes_eagers_branch(path, dtype, d):
+    """Eager sums complex terms one at a time and never wraps the imaginary part into
+    (-pi, pi]; jax's cumlogsumexp did, 2*pi away from eager in half the elements."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 6, 5, dtype=dtype, generator=g) * 3
+    want = torch.logcumsumexp(x, d)
+    assert (want.imag.abs() > torch.pi).any()      # the case the branches differ in
+    assert_same(torch.logcumsumexp(dev(x), d), want, rtol=1e-5, atol=1e-5)
+
+
+def test_complex_logcumsumexp_special_values(path):
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[complex(-inf, 0), complex(-inf, 1), 1 + 2j, complex(inf, 1)],
+                      [complex(inf, 0.5), complex(inf, -0.5), 0j, 1j],
+                      [1 + 1j, complex(nan, 0), 2j, 3 + 0j],
+                      [complex(-inf, 3), 2 - 1j, complex(-inf, 0), 1 + 1j]],
+                     dtype=torch.complex64)
+    assert_same(torch.logcumsumexp(dev(x), 1), torch.logcumsumexp(x, 1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["tensor ** tensor", "number ** tensor", "tensor ** number"])
+def test_complex64_power_rounds_once(path, form):
+    """A complex64 power is computed in complex128 and rounded once: XLA's float32 complex
+    power was up to 6x farther from the exact result than eager where the exponent is large."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(200, dtype=torch.complex64, generator=g) * 6
+    y = torch.randn(200, dtype=torch.complex64, generator=g) * 6
+    fn = {"tensor ** tensor": lambda a, b: a ** b,
+          "number ** tensor": lambda a, b: (2.5 - 1.5j) ** b,     # (exact in float32)
+          "tensor ** number": lambda a, b: a ** (3.75 + 2.25j)}[form]
+    exact = fn(x.to(torch.complex128), y.to(torch.complex128))
+    got = fn(dev(x), dev(y)).cpu()
+    assert got.dtype == torch.complex64
+    finite = exact.isfinite() & (exact.abs() < 1e30) & (exact.abs() > 1e-30)
+    rel = ((got.to(torch.complex128) - exact).abs() / exact.abs())[finite]
+    assert rel.max() < 2e-7               # one rounding of the complex128 result
+    assert_same(got, fn(x, y), rtol=1e-5, atol=1e-5)

@@ -155,3 +155,28 @@ def test_ldl_factor_gives_eagers_bunch_kaufman_pivots_and_ldl_solve_solves():
     b = torch.randn(6, 2)
     assert_same(torch.linalg.ldl_solve(dev(ld), dev(piv), dev(b)),
                 torch.linalg.ldl_solve(ld, piv, b), 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("hermitian", [False, True], ids=["symmetric", "hermitian"])
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_ldl_factor_and_solve_match_eager(hermitian, dtype):
+    """Complex matrices: complex symmetric (LAPACK sytrf, pivots by |Re| + |Im|) or Hermitian
+    (hetrf: L D L^H). Each batch forces 2x2 pivots one way or another, and the parts LAPACK
+    does not read (the upper triangle, a Hermitian diagonal's imaginary part) hold junk."""
+    torch.manual_seed(1)
+    a = torch.randn(4, 6, 6, dtype=dtype)
+    a = a + (a.mH if hermitian else a.mT)
+    a[0].diagonal().zero_()              # every pivot of an all-zero diagonal is 2x2
+    a[1, 0, 0] = 1e-3                    # a tiny first pivot
+    a[2, 2, 2] = 0
+    a[3] = torch.tril(a[3]) + 50j * torch.triu(torch.ones(6, 6), 1)   # junk above
+    a[3].diagonal().add_(7j if hermitian else 0)                        # (ignored if Hermitian)
+    ld, piv, info = torch.linalg.ldl_factor_ex(a, hermitian=hermitian)
+    assert (piv < 0).any() and (piv > 0).any()
+    tol = 1e-4 if dtype == torch.complex64 else 1e-10
+    got = torch.linalg.ldl_factor_ex(dev(a), hermitian=hermitian)
+    assert_same(tuple(got), (ld, piv, info), tol, tol)
+    b = torch.randn(4, 6, 3, dtype=dtype)
+    want = torch.linalg.ldl_solve(ld, piv, b, hermitian=hermitian)
+    assert_same(torch.linalg.ldl_solve(dev(ld), dev(piv), dev(b), hermitian=hermitian), want,
+                10 * tol, 10 * tol)

@@ -5,6 +5,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from ._helpers import cast, is_float
 from .registry import aten, lowering
@@ -51,6 +52,11 @@ def normal_tensor(mean, std, *, generator=None, key, aval):
 
 @lowering(aten.uniform_.default, aten.uniform.default, random=True, static=True, meta=True)
 def uniform_(x, from_=0.0, to=1.0, *, generator=None, key, aval):
+    if jnp.issubdtype(aval.dtype, jnp.complexfloating):
+        # eager fills the real and imaginary parts alike (uniform_ of ``view_as_real``)
+        part = jnp.zeros((), aval.dtype).real.dtype
+        u = uniform(key, aval.shape + (2,), part, minval=from_, maxval=to)
+        return lax.complex(u[..., 0], u[..., 1])
     u = uniform(key, aval.shape, _float(aval), minval=from_, maxval=to)
     return cast(u, aval.dtype)
 
@@ -101,7 +107,8 @@ def exponential_(x, lambd=1.0, *, generator=None, key, aval):
     return cast(exponential(key, aval.shape, _float(aval)) / lambd, aval.dtype)
 
 
-@lowering(aten.randperm.default, aten.randperm.generator, random=True, static=True, meta=True)
+@lowering(aten.randperm.default, aten.randperm.generator, aten.randperm.out,
+          aten.randperm.generator_out, random=True, static=True, meta=True)
 def randperm(n, *, key, aval, generator=None, **_):
     return cast(jax.random.permutation(key, n), aval.dtype)
 

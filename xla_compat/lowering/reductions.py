@@ -226,7 +226,41 @@ def cummin(x, d):
 def logcumsumexp(x, d):
     if x.ndim == 0:
         return x
+    if jnp.iscomplexobj(x):
+        return _complex_logcumsumexp(x, dim(d, x.ndim))
     return lax.cumlogsumexp(x, axis=dim(d, x.ndim))
+
+
+def _complex_logcumsumexp(x, axis: int):
+    """Eager's scan for complex inputs: one element at a time, in complex128 (CPU's accumulation
+    type), ``acc = log1p(exp(min - max)) + max`` with min and max ordered by their real parts.
+    The imaginary part is the larger term's plus a principal angle, never brought back into
+    (-pi, pi], so it depends on the order of the terms: jax's cumlogsumexp takes another
+    route and lands 2*pi away from eager in about half the elements."""
+    wide = jnp.complex128
+    xs = jnp.moveaxis(x, axis, 0).astype(wide)
+
+    def step(acc, v):
+        acc = _log_add_exp(v, acc)
+        return acc, acc
+
+    init = jnp.full(xs.shape[1:], -jnp.inf, wide)
+    _, out = lax.scan(step, init, xs)
+    return jnp.moveaxis(out, 0, axis).astype(x.dtype)
+
+
+def _log_add_exp(x, y):
+    """ATen's ``_log_add_exp_helper`` for complex ``x`` (the new term) and ``y`` (the sum so
+    far): NaN anywhere gives NaN + NaNj; equal infinite real parts give ``min`` (both -inf) or
+    ``log(exp(min) + exp(max))`` (both +inf)."""
+    nan = (jnp.isnan(x.real) | jnp.isnan(x.imag) | jnp.isnan(y.real) | jnp.isnan(y.imag))
+    x_lower = x.real < y.real
+    lo, hi = jnp.where(x_lower, x, y), jnp.where(x_lower, y, x)
+    both_inf = ~jnp.isfinite(lo.real) & (lo.real == hi.real)
+    usual = jnp.log1p(jnp.exp(lo - hi)) + hi
+    inf = jnp.where(lo.real < 0, lo, jnp.log(jnp.exp(lo) + jnp.exp(hi)))
+    out = jnp.where(both_inf, inf, usual)
+    return jnp.where(nan, jnp.asarray(complex(jnp.nan, jnp.nan), out.dtype), out)
 
 
 @lowering(aten.hash_tensor.default, meta=True)
