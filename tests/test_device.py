@@ -106,6 +106,25 @@ def test_complex_uniform_fills_both_parts_as_eager(path, dev, dtype):
     assert xc.metrics.fallback_ops() == []
 
 
+@pytest.mark.parametrize("make", [
+    lambda d: torch.zeros(2, 3, out=torch.empty(0, device=d)),
+    lambda d: torch.ones(4, out=torch.empty(0, dtype=torch.int64, device=d)),
+    lambda d: torch.full((3,), 2.5, out=torch.empty(0, device=d)),
+    lambda d: torch.kaiser_window(8, device=d),
+    lambda d: torch.kaiser_window(9, False, 5.0, dtype=torch.float64, device=d),
+    lambda d: torch.kaiser_window(7, True, 0.0, device=d),
+    lambda d: torch.kaiser_window(1, device=d),
+    lambda d: torch.kaiser_window(0, device=d),
+    lambda d: torch.kaiser_window(6, dtype=torch.bfloat16, device=d),
+], ids=["zeros out", "ones out", "full out", "kaiser", "kaiser symmetric float64",
+        "kaiser beta 0", "kaiser 1", "kaiser 0", "kaiser bfloat16"])
+def test_more_factories_match_cpu_without_fallback(path, dev, make):
+    """The out= forms of zeros/ones/full fell back to the CPU; ``kaiser_window`` on the device
+    hit an internal assert (its composite fills through a CPU-only kernel stub)."""
+    assert_same(make(dev), make("cpu"), rtol=1e-6, atol=1e-7)
+    assert xc.metrics.fallback_ops() == []
+
+
 @pytest.mark.parametrize("make, n, dtype", [
     (lambda d: torch.randperm(50, device=d), 50, torch.int64),
     (lambda d: torch.randperm(9, dtype=torch.int32, device=d), 9, torch.int32),

@@ -96,6 +96,34 @@ def test_a_tensor_whose_first_sync_fails_returns_to_its_transferred_value(path, 
     torch.testing.assert_close(x.cpu(), torch.arange(6.).reshape(2, 3) + 1)
 
 
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("sync", ["full", "read"])
+def test_a_failed_sync_returns_the_random_state_to_before_its_draws(path, dev, fault, sync):
+    """The device generator's state is a value like any other: a failed sync returns it to the
+    state its draws started from. It stayed at the failed graph's output, so every later
+    draw, in any graph, failed again ("computed by a graph whose sync failed")."""
+    plant, error = FAULTS[fault]
+    torch.manual_seed(5)
+    first = torch.rand(4, device=dev).cpu()      # a materialised state to return to
+    second = torch.rand(4, device=dev).cpu()
+    torch.manual_seed(5)
+    torch.rand(4, device=dev).cpu()
+    undo = plant()
+    try:
+        r = torch.rand(4, device=dev)
+        bad = (r + r).mul(torch.randn(4, device=dev))
+        with pytest.raises(error):
+            xc.sync() if sync == "full" else bad.cpu()
+    finally:
+        undo()
+    # the failed step's draws are gone with it: the next draw is the one it would have made
+    torch.testing.assert_close(torch.rand(4, device=dev).cpu(), second)
+    assert not torch.equal(first, second)
+    t = torch.randn(3, device=dev) * 2
+    xc.sync()
+    assert t.cpu().isfinite().all()
+
+
 def test_a_failed_compile_is_not_cached_and_the_same_graph_compiles_after(path, dev):
     x, w, _ = _state(dev)
 

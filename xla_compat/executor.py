@@ -583,6 +583,8 @@ def _sync_tensors(tensors, mark_step: bool) -> None:
         graph, compiled, outputs = _execute(roots, donatable, predecessor)
     except BaseException as e:
         _rollback(pending, e, None if full else roots)
+        if rng_state is not None:
+            rng.restore(rng_state)
         raise
     mapping: dict = {}
     if graph.mesh is None:

@@ -17,8 +17,11 @@ STATE_AVAL = Aval((2,), np.dtype("uint32"))
 _DEFAULT_SEED = 101  # torch_xla's default
 
 _state: Value | None = None
+# The last materialised state the pending chain of draws started from: where a failed sync
+# returns the state to (``restore``).
+_base: Value | None = None
 # Threads drawing from a stream of their own (a dual-run shadow, which may outlive its wait):
-# thread id -> [state Value]. Empty, and one check per draw, otherwise.
+# thread id -> [state Value, its base]. Empty, and one check per draw, otherwise.
 _streams: dict = {}
 
 
@@ -41,12 +44,16 @@ def state() -> Value:
 
 
 def advance(new: Value) -> None:
-    global _state
+    global _state, _base
     if _streams:
         own = _streams.get(threading.get_ident())
         if own is not None:
+            if own[0].node.is_leaf:
+                own[1] = own[0]
             own[0] = new
             return
+    if _state is not None and _state.node.is_leaf:
+        _base = _state
     _state = new
 
 
@@ -59,7 +66,7 @@ def private(start: Value):
     """Inside the block this thread draws from a stream of its own starting at ``start`` (and
     seeds only that stream); the shared state and other threads' draws are untouched."""
     me = threading.get_ident()
-    _streams[me] = [start]
+    _streams[me] = [start, None]
     try:
         yield
     finally:
@@ -83,6 +90,23 @@ def set_materialized(old: Value, value: Value) -> None:
             own[0] = value
     if _state == old:
         _state = value
+
+
+def restore(old: Value) -> None:
+    """A sync that was to compute the pending state ``old`` failed: every stream still at
+    ``old`` returns to the materialised state its chain of draws started from, as every tensor
+    returns to its last value (the failed step's numbers are gone with its graph). Left at
+    ``old``, every later draw would take the failed graph as its input and fail again."""
+    global _state
+    for own in list(_streams.values()):
+        if own[0] == old and _alive(own[1]):
+            own[0] = own[1]
+    if _state == old and _alive(_base):
+        _state = _base
+
+
+def _alive(v: Value | None) -> bool:
+    return v is not None and not v.node.array.is_deleted()
 
 
 def get_state():

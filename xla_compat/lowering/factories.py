@@ -64,7 +64,7 @@ def logspace(start, end, steps, base=10.0, *, aval, **_):
     return cast(jnp.power(cast(base, acc), exponent), aval.dtype)
 
 
-@lowering(aten.full.default, aten.full_like.default, meta=True)
+@lowering(aten.full.default, aten.full_like.default, aten.full.out, meta=True)
 def full(*args, aval, **_):
     return jnp.full(aval.shape, cast(args[1], aval.dtype), aval.dtype)
 
@@ -77,12 +77,13 @@ def new_full(x, size, value, *, aval, **_):
 @lowering(aten.zeros_like.default, aten.empty_like.default, aten.new_zeros.default,
           aten.new_empty.default, aten.new_empty_strided.default, aten.zeros.default,
           aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default,
-          meta=True)
+          aten.zeros.out, meta=True)
 def zeros(*args, aval, **_):
     return jnp.zeros(aval.shape, aval.dtype)
 
 
-@lowering(aten.ones_like.default, aten.new_ones.default, aten.ones.default, meta=True)
+@lowering(aten.ones_like.default, aten.new_ones.default, aten.ones.default, aten.ones.out,
+          meta=True)
 def ones(*args, aval, **_):
     return jnp.ones(aval.shape, aval.dtype)
 
@@ -91,6 +92,29 @@ def ones(*args, aval, **_):
 def eye(*args, aval, **_):
     n, m = aval.shape
     return jnp.eye(n, m, dtype=aval.dtype)
+
+
+@lowering(aten.kaiser_window.default, aten.kaiser_window.periodic, aten.kaiser_window.beta,
+          aten.kaiser_window.out, aten.kaiser_window.periodic_out, aten.kaiser_window.beta_out,
+          static=True, meta=True)
+def kaiser_window(length, periodic=True, beta=12.0, *, aval, **_):
+    """Eager's kernel: I0(beta * sqrt(|1 - ((i - a) / a)^2|)) / I0(beta), a = (n - 1) / 2, with
+    n one longer and the last point dropped when ``periodic``; computed in the dtype's
+    accumulation type (float32 for float16/bfloat16), its I0 eager's Chebyshev series."""
+    from .elementwise import compute_dtype
+    from .special import _i0
+    if length == 0:
+        return jnp.zeros((0,), aval.dtype)
+    if length == 1:
+        return jnp.ones((1,), aval.dtype)
+    n = length + 1 if periodic else length
+    acc = compute_dtype(aval.dtype) if is_float(aval.dtype) else jnp.float32
+    alpha = jnp.asarray((n - 1) / 2.0, acc)
+    i = lax.iota(acc, n)
+    ratio = (i - alpha) / alpha
+    w = _i0(jnp.asarray(beta, acc) * jnp.sqrt(jnp.abs(1 - ratio * ratio))) / _i0(
+        jnp.asarray(beta, acc))
+    return cast(w[:length], aval.dtype)
 
 
 @lowering(aten.scalar_tensor.default, meta=True)
@@ -116,6 +140,19 @@ def _indices(which):
     return kernel
 
 
+def _kaiser_window(window_length, periodic=True, beta=12.0, *, dtype=None, layout=None,
+                   device=None, pin_memory=None):
+    """``torch.kaiser_window`` on the device: eager's composite fills its result through a
+    CPU-only kernel stub (an internal assert on any other device); its out= form, on a device
+    tensor, reaches the lowering above."""
+    from ..device import _check_device
+    _check_device(device)
+    out = torch.empty(0, dtype=dtype or torch.get_default_dtype(), device=device or "hlo")
+    return torch.ops.aten.kaiser_window.beta_out(window_length, periodic, beta, out=out)
+
+
 _lib = torch.library.Library("aten", "IMPL")
 _lib.impl("triu_indices", _indices("triu"), "PrivateUse1")
 _lib.impl("tril_indices", _indices("tril"), "PrivateUse1")
+for _overload in ("kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"):
+    _lib.impl(_overload, _kaiser_window, "PrivateUse1")

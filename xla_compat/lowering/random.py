@@ -5,8 +5,10 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from . import _meta
 from ._helpers import cast, is_float
 from .registry import aten, lowering
 
@@ -45,7 +47,7 @@ def normal_(x, mean=0.0, std=1.0, *, generator=None, key, aval):
 
 @lowering(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor,
           random=True, meta=True)
-def normal_tensor(mean, std, *, generator=None, key, aval):
+def normal_tensor(mean, std=1.0, *, generator=None, key, aval):
     z = normal(key, aval.shape, _float(aval))
     return cast(z * std + mean, aval.dtype)
 
@@ -164,3 +166,119 @@ def randint_like(x, high, *, generator=None, key, aval, **_):
 def randint_like_low(x, low, high, *, generator=None, key, aval, **_):
     r = randint(key, aval.shape, cast(low, jnp.int64), cast(high, jnp.int64), dtype=jnp.int64)
     return cast(r, aval.dtype)
+
+
+@lowering(aten.rand.out, aten.rand.generator_out, random=True, static=True, meta=True)
+def rand_out(size, *, generator=None, key, aval, **_):
+    return cast(uniform(key, aval.shape, _float(aval)), aval.dtype)
+
+
+@lowering(aten.randn.out, aten.randn.generator_out, random=True, static=True, meta=True)
+def randn_out(size, *, generator=None, key, aval, **_):
+    return cast(normal(key, aval.shape, _float(aval)), aval.dtype)
+
+
+@lowering(aten.randint.out, aten.randint.generator_out, random=True, static=True, meta=True)
+def randint_out(high, size, *, generator=None, key, aval, **_):
+    return randint_low_out(0, high, size, key=key, aval=aval)
+
+
+@lowering(aten.randint.low_out, aten.randint.low_generator_out, random=True, static=True,
+          meta=True)
+def randint_low_out(low, high, size, *, generator=None, key, aval, **_):
+    return cast(randint(key, aval.shape, low, high, dtype=jnp.int64), aval.dtype)
+
+
+# -- samplers of torch.distributions: drawn as eager draws them in distribution (the numbers
+# come from the device's generator, as every device random op's do) --------------------------
+
+@lowering(aten.poisson.default, random=True, meta=True)
+def poisson(rate, generator=None, *, key, aval):
+    counts = jax.random.poisson(key, rate.astype(jnp.float64), rate.shape, dtype=jnp.int64)
+    return cast(counts, aval.dtype)
+
+
+_meta.like_first("binomial", "_sample_dirichlet", "_standard_gamma_grad")   # (none upstream)
+
+
+@lowering(aten.binomial.default, random=True)
+def binomial(count, prob, generator=None, *, key):
+    draws = jax.random.binomial(key, count.astype(jnp.float64), prob.astype(jnp.float64),
+                                count.shape)
+    return draws.astype(count.dtype)
+
+
+@lowering(aten._standard_gamma.default, random=True, meta=True)
+def standard_gamma(alpha, generator=None, *, key, aval):
+    """Gamma(alpha, 1) draws; float16/bfloat16 draw in float32 (eager's accumulation type)."""
+    return cast(jax.random.gamma(key, alpha.astype(_float(aval)), alpha.shape), aval.dtype)
+
+
+@lowering(aten._standard_gamma_grad.default)
+def standard_gamma_grad(alpha, sample):
+    """d sample / d alpha of a Gamma(alpha, 1) draw (reparameterised ``rsample``), as eager's
+    CPU kernel approximates -(d cdf / d alpha) / pdf, in float64: a Taylor series for x < 0.8,
+    Rice's saddle point expansion for alpha > 8, a bivariate rational approximation otherwise.
+    (jax's ``random_gamma_grad`` is another approximation: up to 3% away in the tails.)"""
+    a, x = alpha.astype(jnp.float64), sample.astype(jnp.float64)
+    out = jnp.where(x < 0.8, _gamma_grad_small_x(a, x),
+                    jnp.where(a > 8.0, _gamma_grad_large_alpha(a, x), _gamma_grad_rational(a, x)))
+    return out.astype(alpha.dtype)
+
+
+def _gamma_grad_small_x(a, x):
+    numer, denom = jnp.ones_like(x), a
+    series1, series2 = numer / denom, numer / (denom * denom)
+    for i in range(1, 6):
+        numer = numer * -x / i
+        denom = denom + 1
+        series1 = series1 + numer / denom
+        series2 = series2 + numer / (denom * denom)
+    pow_x_a = jnp.power(x, a)
+    pdf = jnp.power(x, a - 1) * jnp.exp(-x)
+    cdf = pow_x_a * series1
+    cdf_a = (jnp.log(x) - jax.scipy.special.digamma(a)) * cdf - pow_x_a * series2
+    out = -cdf_a / pdf
+    return jnp.where(jnp.isnan(out), 0.0, out)
+
+
+def _gamma_grad_large_alpha(a, x):
+    near = (0.9 * a <= x) & (x <= 1.1 * a)
+    n1 = 1 + 24 * a * (1 + 12 * a)
+    n2 = 1440 * (a * a) + 6 * x * (53 - 120 * x) - 65 * x * x / a + a * (107 + 3600 * x)
+    at_mode = n1 * n2 / (1244160 * (a * a) * (a * a))
+    denom = jnp.sqrt(8 * a)
+    term2 = denom / (a - x)
+    term3 = jnp.power(x - a - a * jnp.log(x / a), -1.5)
+    term23 = jnp.where(x < a, term2 - term3, term2 + term3)
+    term1 = jnp.log(x / a) * term23 - jnp.sqrt(2 / a) * (a + x) / ((a - x) * (a - x))
+    stirling = 1 + 1 / (12 * a) * (1 + 1 / (24 * a))
+    return jnp.where(near, at_mode, -stirling * x * term1 / denom)
+
+
+# eager's coefficients of the rational approximation in u = log(x / alpha), v = log(alpha)
+_GAMMA_GRAD_UV = np.array([
+    [0.16009398, -0.094634809, 0.025146376, -0.0030648343,
+     1, 0.32668115, 0.10406089, 0.0014179084],
+    [0.53487893, 0.1298071, 0.065735949, -0.0015649758,
+     0.16639465, 0.020070113, -0.0035938915, -0.00058392623],
+    [0.040121004, -0.0065914022, -0.0026286047, -0.0013441777,
+     0.017050642, -0.0021309326, 0.00085092367, -1.5247877e-07]])
+
+
+def _gamma_grad_rational(a, x):
+    u, v = jnp.log(x / a), jnp.log(a)
+    c = [_GAMMA_GRAD_UV[0, i] + u * (_GAMMA_GRAD_UV[1, i] + u * _GAMMA_GRAD_UV[2, i])
+         for i in range(8)]
+    p = c[0] + v * (c[1] + v * (c[2] + v * c[3]))
+    q = c[4] + v * (c[5] + v * (c[6] + v * c[7]))
+    return jnp.exp(p / q)
+
+
+@lowering(aten._sample_dirichlet.default, random=True)
+def sample_dirichlet(alpha, generator=None, *, key):
+    """Dirichlet(alpha) over the last dimension: Gamma draws, normalised (eager's route)."""
+    acc = jnp.promote_types(alpha.dtype, jnp.float32)
+    g = jax.random.gamma(key, alpha.astype(acc), alpha.shape)
+    g = jnp.maximum(g, jnp.finfo(acc).tiny)
+    return (g / jnp.sum(g, axis=-1, keepdims=True)).astype(alpha.dtype)

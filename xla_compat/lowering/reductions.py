@@ -36,6 +36,17 @@ def prod(x, d=None, keepdim=False, *, dtype=None, aval):
     return jnp.prod(x, axis=None if d is None else dim(d, x.ndim), keepdims=keepdim)
 
 
+@lowering(aten._is_all_true.default)
+def is_all_true(x):
+    """(``torch.distributions`` checks every argument with it)"""
+    return jnp.all(x)
+
+
+@lowering(aten._is_any_true.default)
+def is_any_true(x):
+    return jnp.any(x)
+
+
 @lowering(aten.amax.default)
 def amax(x, d=(), keepdim=False):
     return jnp.max(x, axis=_red_dims(x, d), keepdims=keepdim)
