@@ -75,6 +75,7 @@ def install() -> None:
     with warnings.catch_warnings():     # "overriding a previously registered kernel": meant
         warnings.simplefilter("ignore")
         _lib.impl("_to_copy", _to_copy_functionalize, "Functionalize")
+        _lib.impl("_pack_padded_sequence", _pack_padded_sequence_functionalize, "Functionalize")
         _install_as_strided()
         _install_copy_ops()
         _install_unfold_backward()
@@ -120,6 +121,23 @@ def _to_copy_functionalize(self, *, dtype=None, layout=None, device=None, pin_me
         return out
     from .wrap import wrap
     return wrap(out)
+
+
+def _pack_padded_sequence_functionalize(input, lengths, batch_first):
+    """``_pack_padded_sequence`` of a functional tensor: ``data`` on the device, wrapped;
+    ``batch_sizes`` a plain CPU tensor, as eager returns it. Upstream's fallback wrapped both, and
+    the LSTM kernel then read a CPU wrapper's data pointer ("its data is not allocated yet")."""
+    inner = input
+    if torch._is_functional_tensor(input):
+        from .wrap import sync_wrapper
+        inner = sync_wrapper(input)
+    with torch._C._ExcludeDispatchKeyGuard(_FUNCTIONALIZE):
+        data, batch_sizes = torch.ops.aten._pack_padded_sequence.default(
+            inner, lengths, batch_first)
+    if data.device.type == "hlo" and not torch._is_functional_tensor(data):
+        from .wrap import wrap
+        data = wrap(data)
+    return data, batch_sizes
 
 
 # -- as_strided of a view ------------------------------------------------------------------------
