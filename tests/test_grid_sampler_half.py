@@ -13,6 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.conftest import PATHS
+from tests.sampling import all_pairs
+
 DTYPES = (torch.bfloat16, torch.float16)
 PADDINGS = ("zeros", "border", "reflection")
 SHAPES = {2: (2, 3, 5, 7), 3: (1, 2, 3, 4, 5)}
@@ -71,21 +74,23 @@ def _check(dev, dtype, mode, shape, settings):
 ALL_SETTINGS = [(p, ac) for p in PADDINGS for ac in (False, True)]
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path,dtype,mode", all_pairs(PATHS, DTYPES, ["bilinear", "nearest",
+                                                                         "bicubic"]),
+                         indirect=["path"])
 def test_grid_sample_2d_half_matches_eager_bitwise(path, dev, dtype, mode):
     _check(dev, dtype, mode, SHAPES[2], ALL_SETTINGS)
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path,dtype,mode", all_pairs(PATHS, DTYPES, ["bilinear", "nearest"]),
+                         indirect=["path"])
 def test_grid_sample_3d_half_matches_eager_bitwise(path, dev, dtype, mode):
     _check(dev, dtype, mode, SHAPES[3], ALL_SETTINGS)
 
 
-@pytest.mark.parametrize("nd,mode", [(2, "bilinear"), (2, "bicubic"), (3, "nearest")])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_grid_sample_half_on_a_single_row_matches_eager_bitwise(path, dev, dtype, nd, mode):
+@pytest.mark.parametrize("path,dtype,nd_mode", all_pairs(
+    PATHS, DTYPES, [(2, "bilinear"), (2, "bicubic"), (3, "nearest")]), indirect=["path"])
+def test_grid_sample_half_on_a_single_row_matches_eager_bitwise(path, dev, dtype, nd_mode):
+    nd, mode = nd_mode
     _check(dev, dtype, mode, SINGLE_ROW[nd], [("reflection", True), ("border", False)])
 
 

@@ -8,16 +8,18 @@ import itertools
 import pytest
 import torch
 
-from tests.conftest import assert_same
+from tests.conftest import PATHS, assert_same
+from tests.sampling import all_pairs
 from tests.lowering._core import core_no_fallback, dev  # noqa: F401 (autouse fixture)
 
 MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist",
          "donot_use_mm_for_euclid_dist")
 
 
-@pytest.mark.parametrize("p", [0, 0.5, 1, 1.5, 2, 3, float("inf")])
-@pytest.mark.parametrize("shapes", [((3, 5, 4), (6, 4)), ((30, 3), (2, 30, 3)),
-                                    ((2, 1, 4, 3), (5, 7, 3))])
+@pytest.mark.parametrize("path,p,shapes", all_pairs(
+    PATHS, [0, 0.5, 1, 1.5, 2, 3, float("inf")],
+    [((3, 5, 4), (6, 4)), ((30, 3), (2, 30, 3)), ((2, 1, 4, 3), (5, 7, 3))]),
+    indirect=["path"])
 def test_cdist_values_and_gradients_with_broadcast_batches(path, p, shapes):
     torch.manual_seed(0)
     for mode in MODES:

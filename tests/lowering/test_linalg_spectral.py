@@ -158,7 +158,8 @@ def test_ldl_factor_gives_eagers_bunch_kaufman_pivots_and_ldl_solve_solves():
 
 
 @pytest.mark.parametrize("hermitian", [False, True], ids=["symmetric", "hermitian"])
-@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("dtype", [torch.complex64,
+                                   pytest.param(torch.complex128, marks=pytest.mark.slow)])
 def test_complex_ldl_factor_and_solve_match_eager(hermitian, dtype):
     """Complex matrices: complex symmetric (LAPACK sytrf, pivots by |Re| + |Im|) or Hermitian
     (hetrf: L D L^H). Each batch forces 2x2 pivots one way or another, and the parts LAPACK
