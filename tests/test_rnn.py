@@ -56,7 +56,18 @@ def _compare(make, inputs, dev, tol=2e-5):
     assert xc.metrics.fallback_ops() == []
 
 
-@pytest.mark.parametrize("name", sorted(LAYERS))
+def _one_path_each(names):
+    """Each name on one path in ``make test`` (alternately), on the other in ``make test-slow``:
+    the lowerings are the paths' shared code, and every layer still runs on the device."""
+    out = []
+    for i, name in enumerate(sorted(names)):
+        for j, path in enumerate(("legacy", "functional")):
+            marks = () if (i + j) % 2 == 0 else pytest.mark.slow
+            out.append(pytest.param(path, name, marks=marks, id=f"{path}-{name}"))
+    return out
+
+
+@pytest.mark.parametrize("path,name", _one_path_each(LAYERS), indirect=["path"])
 def test_recurrent_layers_match_eager_forward_and_backward(path, dev, name):
     make, shape = LAYERS[name]
     torch.manual_seed(0)

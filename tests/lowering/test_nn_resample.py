@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.sampling import all_pairs
 from xla_compat.lowering import registry
 from xla_compat.lowering.registry import aten
 
@@ -107,9 +108,8 @@ def test_pixel_shuffle_unshuffle_and_channel_shuffle():
     check(lambda x: F.channel_shuffle(x, 3), torch.randn(2, 6, 2, 3))
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
-@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
-@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("mode,padding_mode,align_corners", all_pairs(
+    ["bilinear", "nearest", "bicubic"], ["zeros", "border", "reflection"], [False, True]))
 def test_grid_sample_2d(mode, padding_mode, align_corners):
     x = torch.randn(2, 3, 5, 6)
     grid = torch.rand(2, 4, 7, 2) * 2.6 - 1.3        # some points fall outside [-1, 1]
