@@ -151,7 +151,16 @@ def _kaiser_window(window_length, periodic=True, beta=12.0, *, dtype=None, layou
     return torch.ops.aten.kaiser_window.beta_out(window_length, periodic, beta, out=out)
 
 
+def _efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Autograd's zero tensors (forward-mode AD, ``torch.func.hessian``): plain zeros on the
+    device (eager's are storage-free ZeroTensors; the values are the same)."""
+    from ..device import _check_device
+    _check_device(device)
+    return torch.zeros(size, dtype=dtype or torch.get_default_dtype(), device=device or "hlo")
+
+
 _lib = torch.library.Library("aten", "IMPL")
+_lib.impl("_efficientzerotensor", _efficientzerotensor, "PrivateUse1")
 _lib.impl("triu_indices", _indices("triu"), "PrivateUse1")
 _lib.impl("tril_indices", _indices("tril"), "PrivateUse1")
 for _overload in ("kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"):
