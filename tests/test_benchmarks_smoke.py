@@ -16,7 +16,10 @@ from benchmarks import measure, workloads
 from benchmarks.report import detail_table, summary_table
 
 
-@pytest.mark.parametrize("workload", workloads.TINY, ids=lambda w: w.name)
+# W3 (a GPT training step, compiled on six variants) runs in make test-slow and make bench.
+@pytest.mark.parametrize("workload", [
+    pytest.param(w, marks=pytest.mark.slow) if w.name == "W3" else w for w in workloads.TINY],
+    ids=lambda w: w.name)
 def test_every_variant_of_the_workload_runs_and_matches_torch_eager(workload):
     # two warm-up calls: a captured step records on its second call (and may compile its
     # numbers in then), so the timed call is its first replay

@@ -46,7 +46,7 @@ def test_demo_repeats_exactly_with_the_same_seed(tmp_path):
     checkpoint folder does not exist yet: the demo makes it. The second run loads the first
     one's executables from a persistent compile cache."""
     final = re.compile(r"final loss: ([\d.]+)")
-    short = ["--steps", "4", "--batch", "8", "--seq", "32", "--dual-run", "off"]
+    short = ["--steps", "2", "--batch", "8", "--seq", "32", "--dual-run", "off"]
     cache = tmp_path / "compile_cache"
     outs = [_run("functional", tmp_path / f"run{i}" / "ckpt", args=short, cache=cache)
             for i in range(2)]

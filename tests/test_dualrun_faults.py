@@ -270,6 +270,8 @@ def test_lockstep_twins_of_a_random_op_draw_the_authoritative_numbers(path, dev)
     "the timeout, but the authoritative path's next execution still waits until the hung XLA "
     "execution (a host callback) ends: two steps with a 60 s hang took 183 s. A hang in the "
     "step's own code is abandoned: test_reliability_dualrun_faults"))
+@pytest.mark.parametrize("path", ["legacy", pytest.param("functional", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_a_function_level_shadow_hanging_in_execution_is_abandoned_at_the_timeout(
         path, dev):
     shadow = "functional" if path == "legacy" else "legacy"

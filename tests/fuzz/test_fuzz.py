@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from .check import KnownIssue, check
 from .programs import programs
 
-EXAMPLES = int(os.environ.get("XLA_COMPAT_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("XLA_COMPAT_FUZZ_EXAMPLES", "100"))
 # CI draws the same programs on every run (a red build is the code's fault, not the draw's);
 # XLA_COMPAT_FUZZ_RANDOM=1 explores fresh ones, as ``make fuzz`` does.
 RANDOM = os.environ.get("XLA_COMPAT_FUZZ_RANDOM", "") == "1"
