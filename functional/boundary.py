@@ -75,7 +75,7 @@ def install() -> None:
     with warnings.catch_warnings():     # "overriding a previously registered kernel": meant
         warnings.simplefilter("ignore")
         _lib.impl("_to_copy", _to_copy_functionalize, "Functionalize")
-        _lib.impl("_pack_padded_sequence", _pack_padded_sequence_functionalize, "Functionalize")
+        _install_pack_padded_sequence()
         _install_as_strided()
         _install_copy_ops()
         _install_unfold_backward()
@@ -123,21 +123,22 @@ def _to_copy_functionalize(self, *, dtype=None, layout=None, device=None, pin_me
     return wrap(out)
 
 
-def _pack_padded_sequence_functionalize(input, lengths, batch_first):
-    """``_pack_padded_sequence`` of a functional tensor: ``data`` on the device, wrapped;
+def _install_pack_padded_sequence() -> None:
+    """``_pack_padded_sequence`` of an hlo wrapper: ``data`` on the device, wrapped;
     ``batch_sizes`` a plain CPU tensor, as eager returns it. Upstream's fallback wrapped both, and
-    the LSTM kernel then read a CPU wrapper's data pointer ("its data is not allocated yet")."""
-    inner = input
-    if torch._is_functional_tensor(input):
-        from .wrap import sync_wrapper
-        inner = sync_wrapper(input)
-    with torch._C._ExcludeDispatchKeyGuard(_FUNCTIONALIZE):
-        data, batch_sizes = torch.ops.aten._pack_padded_sequence.default(
-            inner, lengths, batch_first)
-    if data.device.type == "hlo" and not torch._is_functional_tensor(data):
-        from .wrap import wrap
-        data = wrap(data)
-    return data, batch_sizes
+    the LSTM kernel then read a CPU wrapper's data pointer ("its data is not allocated yet").
+    Other functionalizations (``torch.func.functionalize``, compile) keep upstream's kernel."""
+    op = torch.ops.aten._pack_padded_sequence.default
+    upstream = torch.library.get_kernel(op, "Functionalize")
+
+    def pack_padded_sequence(keyset, input, lengths, batch_first):
+        if not owns(input):
+            return upstream.call_boxed(keyset, input, lengths, batch_first)
+        from .wrap import sync_wrapper, wrap
+        with torch._C._ExcludeDispatchKeyGuard(_FUNCTIONALIZE):
+            data, batch_sizes = op(sync_wrapper(input), lengths, batch_first)
+        return wrap(data), batch_sizes
+    _lib.impl("_pack_padded_sequence", pack_padded_sequence, "Functionalize", with_keyset=True)
 
 
 # -- as_strided of a view ------------------------------------------------------------------------

@@ -181,6 +181,20 @@ def test_upstream_functionalize_on_cpu_keeps_upstream_as_strided():
     assert_same(torch.func.functionalize(f)(x), f(x))
 
 
+def test_upstream_functionalize_on_cpu_keeps_upstream_pack_padded_sequence():
+    """The path's Functionalize kernel for ``_pack_padded_sequence`` (batch_sizes left
+    unwrapped) serves hlo wrappers only: torch.func.functionalize of CPU code is as before."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    def f(x):
+        packed = pack_padded_sequence(x, [3, 2])
+        return packed.data * 2, packed.batch_sizes
+    x = torch.randn(3, 2, 4)
+    got, want = torch.func.functionalize(f)(x), f(x)
+    assert_same(got[0], want[0], rtol=0, atol=0)
+    assert torch.equal(got[1], want[1])
+
+
 def test_as_strided_of_a_view_reaching_past_the_storage_raises_eagers_error(path, dev):
     cpu = torch.arange(12.).reshape(3, 4)
     with pytest.raises(RuntimeError, match="out of bounds"):
