@@ -79,6 +79,8 @@ def install() -> None:
         _install_as_strided()
         _install_copy_ops()
         _install_unfold_backward()
+    from . import list_writes
+    list_writes.install(_lib)
 
 
 # -- unfold_backward as an op ----------------------------------------------------------------------

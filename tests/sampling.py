@@ -43,3 +43,15 @@ def _cover(cases: list, n_axes: int) -> set:
         keep.add(best)
         wanted -= pairs[best]
     return keep
+
+
+def one_path_each(names, paths=("legacy", "functional")) -> list:
+    """(path, name) params: each name on one path in ``make test`` (alternately), on the other in
+    ``make test-slow``. For device tests whose lowerings are the paths' shared code: every name
+    still runs on the device, and each path meets half of them."""
+    out = []
+    for i, name in enumerate(sorted(names)):
+        for j, path in enumerate(paths):
+            marks = () if (i + j) % 2 == 0 else pytest.mark.slow
+            out.append(pytest.param(path, name, marks=marks, id=f"{path}-{name}"))
+    return out

@@ -14,6 +14,7 @@ import torch
 
 import xla_compat as xc
 from tests.conftest import assert_same
+from tests.sampling import one_path_each
 
 N = 40_000
 
@@ -92,10 +93,7 @@ DISTRIBUTIONS = {
 }
 
 
-@pytest.mark.parametrize("path,name", [
-    pytest.param(p, n, id=f"{p}-{n}", marks=() if (i + j) % 2 == 0 else pytest.mark.slow)
-    for i, n in enumerate(DISTRIBUTIONS) for j, p in enumerate(("legacy", "functional"))],
-    indirect=["path"])
+@pytest.mark.parametrize("path,name", one_path_each(DISTRIBUTIONS), indirect=["path"])
 def test_distributions_sample_on_the_device(path, dev, name):
     """Each distribution checks its arguments (``_is_all_true``) and samples, all on the device;
     the sample's mean is the distribution's. (Each on one path in ``make test``, alternately;

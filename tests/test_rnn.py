@@ -13,6 +13,7 @@ import torch.nn as nn
 
 import xla_compat as xc
 from tests.conftest import assert_same
+from tests.sampling import one_path_each
 
 LAYERS = {
     "LSTM": (lambda: nn.LSTM(6, 5, 2), (3, 2, 6)),
@@ -56,18 +57,7 @@ def _compare(make, inputs, dev, tol=2e-5):
     assert xc.metrics.fallback_ops() == []
 
 
-def _one_path_each(names):
-    """Each name on one path in ``make test`` (alternately), on the other in ``make test-slow``:
-    the lowerings are the paths' shared code, and every layer still runs on the device."""
-    out = []
-    for i, name in enumerate(sorted(names)):
-        for j, path in enumerate(("legacy", "functional")):
-            marks = () if (i + j) % 2 == 0 else pytest.mark.slow
-            out.append(pytest.param(path, name, marks=marks, id=f"{path}-{name}"))
-    return out
-
-
-@pytest.mark.parametrize("path,name", _one_path_each(LAYERS), indirect=["path"])
+@pytest.mark.parametrize("path,name", one_path_each(LAYERS), indirect=["path"])
 def test_recurrent_layers_match_eager_forward_and_backward(path, dev, name):
     make, shape = LAYERS[name]
     torch.manual_seed(0)

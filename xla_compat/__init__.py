@@ -12,6 +12,7 @@ from . import _jax  # noqa: F401  (configures jax: x64)
 from . import device as _device
 from . import executor as _executor
 from . import lowering as _lowering
+from . import autocast as _autocast
 from . import metrics, paths as _paths
 from . import dispatch as _dispatch
 from .dispatch import PathUnavailableError, explain, path, to_path, use_path
@@ -26,6 +27,7 @@ from .capture import CapturedStep, compile
 __version__ = "0.1.0"
 
 _lowering.load_all()
+_autocast.install()
 _device.register()
 
 

@@ -49,12 +49,20 @@ def _is_scalar_type(t) -> bool:
     return False
 
 
+def _is_float_type(t) -> bool:
+    if isinstance(t, torch.OptionalType):
+        t = t.getElementType()
+    return isinstance(t, torch.FloatType)
+
+
 @functools.lru_cache(maxsize=None)
 def scalar_args(func) -> tuple[frozenset, frozenset]:
     """Positions and keyword names of Scalar-typed arguments (lifted to run-time parameters)."""
     pos, kw = set(), set()
+    rule = registry.lookup(func)
+    floats = rule is not None and rule.lift_floats
     for i, a in enumerate(func._schema.arguments):
-        if _is_scalar_type(a.type):
+        if _is_scalar_type(a.type) or (floats and _is_float_type(a.type)):
             (kw if a.kwarg_only else pos).add(i)
             kw.add(a.name)
     return frozenset(pos), frozenset(kw)
@@ -715,11 +723,13 @@ def free_floats(func) -> bool:
 
 def _free_floats(func) -> bool:
     name = func._schema.name.split("::", 1)[1]
-    if name.rstrip("_") not in _FREE_FLOAT_OPS:
-        return False
     functional = mutation_info(func)[2] if func._schema.is_mutable else None
     rule = registry.lookup(func) or (registry.lookup(functional) if functional else None)
     if rule is None or rule.static or rule.random:
+        return False
+    if rule.lift_floats:
+        return True                 # (every float-typed argument is lifted: scalar_args)
+    if name.rstrip("_") not in _FREE_FLOAT_OPS:
         return False
     # every argument that can hold a float is lifted (no float-typed static argument)
     return not any(isinstance(a.type, torch.FloatType) or (
@@ -798,6 +808,7 @@ def forget_plans() -> None:
     """Drop every plan (a rule was replaced: ``registry.override``)."""
     _PLANS.clear()
     _FREE.clear()
+    scalar_args.cache_clear()
     for memo in plan_memos:
         memo.clear()
 

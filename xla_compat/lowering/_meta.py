@@ -32,3 +32,10 @@ def like_first(*names: str) -> None:
     for name in names:
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
             _LIB.impl(name, _like_first, "Meta")
+
+
+def where_missing(kernels: dict) -> None:
+    """Register each ``{"name.overload": kernel}`` as a meta kernel where the op has none."""
+    for name, kernel in kernels.items():
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            _LIB.impl(name, kernel, "Meta")

@@ -30,13 +30,16 @@ class Rule:
     # whether the rule spells out eager's roundings itself for these arguments: opmath then
     # calls it unchanged instead of widening it (see opmath.call)
     own_rounding: Callable | None = None
+    # lift the op's ``float``-typed arguments too (not only ``Scalar`` ones) into run-time
+    # parameters: a learning rate a scheduler changes every step never recompiles (optim.py)
+    lift_floats: bool = False
 
 
 _RULES: dict = {}
 
 
 def lowering(*ops, meta: bool = False, static: bool = False, random: bool = False,
-             own_rounding: Callable | None = None):
+             own_rounding: Callable | None = None, lift_floats: bool = False):
     """Register ``fn`` as the lowering of every aten overload (or packet) in ``ops``."""
 
     def register(fn):
@@ -52,7 +55,7 @@ def lowering(*ops, meta: bool = False, static: bool = False, random: bool = Fals
                 if ov in _RULES:
                     _forget_plans()
                 _RULES[ov] = Rule(fn, f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}",
-                                  meta, static, random, own_rounding)
+                                  meta, static, random, own_rounding, lift_floats)
         return fn
 
     return register
@@ -84,7 +87,8 @@ def override(op, fn) -> Callable[[], None]:
     _forget_plans()
     _RULES[op] = Rule(fn, f"override.{getattr(fn, '__name__', 'fn')}",
                       before.meta if before else False, before.static if before else False,
-                      before.random if before else False)
+                      before.random if before else False,
+                      lift_floats=before.lift_floats if before else False)
 
     def undo():
         _forget_plans()
