@@ -8,6 +8,7 @@ host round trip when they live on the device.
 from __future__ import annotations
 
 import jax
+import torch
 import jax.numpy as jnp
 from jax import lax
 
@@ -169,3 +170,22 @@ def _ctc_with_length_tensors(cls, func, args, kwargs):
               aten._ctc_loss_backward.Tensor: aten._ctc_loss_backward.default}[func]
     names = [a.name for a in target._schema.arguments]
     return tracer.trace(cls, target, (), {n: b[n] for n in names if n in b})
+
+
+def _ctc_loss_for_hlo(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
+                      zero_infinity=False):
+    """``ctc_loss`` with length tensors on ``hlo`` log-probabilities. Eager's composite takes
+    its tensor-subclass branch for device tensors and divides the losses by ``target_lengths``
+    where they are: with the usual CPU length tensors that mixed devices and failed. Lengths on
+    the CPU become int lists here (eager's branch for every other device); lengths on the
+    device keep the composite."""
+    if input_lengths.device.type == "cpu" and target_lengths.device.type == "cpu":
+        return aten.ctc_loss.IntList(log_probs, targets, _host_list(input_lengths),
+                                     _host_list(target_lengths), blank, reduction,
+                                     zero_infinity)
+    return aten.ctc_loss.Tensor.decompose(log_probs, targets, input_lengths, target_lengths,
+                                          blank, reduction, zero_infinity)
+
+
+_LIB = torch.library.Library("aten", "IMPL")
+_LIB.impl("ctc_loss.Tensor", _ctc_loss_for_hlo, "AutogradPrivateUse1")
