@@ -97,3 +97,35 @@ def test_compile_cache_evicts_the_least_recently_used_graph_and_counts_it(path, 
         assert torch.equal(run(3), torch.full((3,), 4.))   # recompiled after eviction
         assert metrics.counter("UncachedCompile") == compiles + 1
         assert metrics.counter("CompileCacheEviction") == 2 and len(executor.cache) == 2
+
+
+def test_compile_cache_is_bounded_by_the_mappings_executables_hold(dev):
+    """Each executable holds memory mappings of its own; past vm.max_map_count LLVM cannot map
+    the next one and the process dies (an L-BFGS job making new graphs every iteration did,
+    session 26). The cache evicts its least recently used executables to stay within its
+    mapping budget, and evicted executables give their mappings back."""
+    executor.clear_cache()
+    x = torch.ones(8, 8).to(dev)
+    xc.sync()
+
+    def run(n):        # one graph per length of the chain
+        y = x
+        for k in range(n):
+            y = (y * 1.5).sin()
+        return y.cpu()
+
+    run(3)
+    cost = executor.cache.maps_held()
+    assert cost >= 1
+    budget = 3 * cost + 2
+    with settings.override(compile_cache_maps=budget):
+        before = executor.maps_in_use()
+        for n in range(4, 16):
+            run(n)
+            assert executor.cache.maps_held() <= max(budget, cost)
+        assert metrics.counter("CompileCacheEviction") > 0
+        assert 1 <= len(executor.cache) < 12
+        grown = executor.maps_in_use() - before
+    # 12 graphs compiled, their mappings held by at most a budget's worth of executables
+    assert grown <= budget + 12 * 8, grown
+    assert executor.maps_budget() > 1000            # (the default: half of vm.max_map_count)

@@ -306,27 +306,46 @@ def _lowering_error(node: Node, e: BaseException) -> LoweringError:
 # The compile cache.
 
 class CompileCache:
-    """An LRU map from graph keys to compiled executables."""
+    """An LRU map from graph keys to compiled executables, bounded by their number and by the
+    memory mappings they hold.
+
+    Each executable keeps its JIT-compiled code in memory mappings of its own: tens for a small
+    graph, hundreds for a large one. A job that keeps making new graphs (an L-BFGS history that
+    grows every iteration) would otherwise reach the kernel's ``vm.max_map_count`` with a
+    thousand graphs cached, where LLVM fails to map the next one and the process dies. An
+    entry's cost is the mappings its compile added (``maps_in_use`` before and after)."""
 
     def __init__(self):
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._maps = 0
 
     def get(self, key):
         with self._lock:
-            fn = self._entries.get(key)
-            if fn is not None:
-                self._entries.move_to_end(key)
-            return fn
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
 
     def put(self, key, compiled) -> None:
         limit = settings.get().compile_cache_size
+        budget = maps_budget()
+        cost = getattr(compiled, "xla_compat_maps", 1)
         with self._lock:
-            self._entries[key] = compiled
-            self._entries.move_to_end(key)
-            while len(self._entries) > limit:
-                self._entries.popitem(last=False)
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._maps -= old[1]
+            self._entries[key] = (compiled, cost)
+            self._maps += cost
+            while len(self._entries) > limit or (self._maps > budget and len(self._entries) > 1):
+                _, (_, freed) = self._entries.popitem(last=False)
+                self._maps -= freed
                 metrics.inc("CompileCacheEviction")
+
+    def maps_held(self) -> int:
+        """The memory mappings the cached executables added when they were compiled."""
+        return self._maps
 
     def __len__(self):
         return len(self._entries)
@@ -334,6 +353,30 @@ class CompileCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._maps = 0
+
+
+def maps_in_use() -> int | None:
+    """This process's memory mappings now (None where /proc is not there)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530                       # (Linux's default)
+
+
+def maps_budget() -> int:
+    """How many mappings the compile cache may hold (``compile_cache_maps``)."""
+    return settings.get().compile_cache_maps or _max_map_count() // 2
 
 
 cache = CompileCache()
@@ -384,13 +427,16 @@ def compile_graph(graph: Graph, params: list, baked: dict | None = None):
         params = packed_numbers.host_params(params, plan)
     lowered = _jit(graph, fn, donate).lower(*params)
     persistent_cache.from_settings()
+    maps_before = maps_in_use()
     with persistent_cache.compiling():
         compiled = lowered.compile()
+    maps_after = maps_in_use() if maps_before is not None else None
     if plan is not None:
         compiled = packed_numbers.Packed(compiled, plan)
     elapsed = time.perf_counter_ns() - start
     metrics.sample("CompileTime", elapsed)
     compiled.xla_compat_compile_ns = elapsed
+    compiled.xla_compat_maps = max(1, maps_after - maps_before) if maps_after is not None else 1
     dump = settings.get().dump_path
     if dump:
         _dump(dump, graph, lowered)

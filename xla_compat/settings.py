@@ -156,6 +156,10 @@ class Settings:
     dump_path: str | None = None        # XLA_HLO_DUMP: append every compiled graph's IR and HLO here
     metrics_file: str | None = None     # XLA_METRICS_FILE: write the metrics report here at exit
     compile_cache_size: int = 1024      # XLA_COMPILE_CACHE_SIZE: LRU bound on compiled graphs
+    # XLA_COMPILE_CACHE_MAPS: LRU bound on the memory mappings the cached executables hold (each
+    # maps its JIT code; past the kernel's vm.max_map_count LLVM fails and the process dies);
+    # 0: half of vm.max_map_count
+    compile_cache_maps: int = 0
     donate: bool = True                 # XLA_DONATE_BUFFERS: donate overwritten inputs
     persistent_cache_path: str | None = None  # XLA_PERSISTENT_CACHE_PATH: compiled graphs on disk
     persistent_cache_readonly: bool = False   # XLA_PERSISTENT_CACHE_READ_ONLY: load, never store
@@ -209,6 +213,7 @@ class Settings:
             dump_path=env.get("XLA_HLO_DUMP") or None,
             metrics_file=env.get("XLA_METRICS_FILE") or None,
             compile_cache_size=_int(env, "XLA_COMPILE_CACHE_SIZE", 1024, lo=1),
+            compile_cache_maps=_int(env, "XLA_COMPILE_CACHE_MAPS", 0),
             donate=_flag(env, "XLA_DONATE_BUFFERS", True),
             persistent_cache_path=env.get("XLA_PERSISTENT_CACHE_PATH") or None,
             persistent_cache_readonly=_flag(env, "XLA_PERSISTENT_CACHE_READ_ONLY", False),
