@@ -75,10 +75,28 @@ def cyclic_garbage(fn) -> tuple[int, list]:
             gc.enable()
 
 
+def _device_tensors(x):
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "hlo":
+            yield x
+    elif isinstance(x, (list, tuple)):
+        for e in x:
+            yield from _device_tensors(e)
+
+
 def assert_same(actual, expected, rtol=1.3e-6, atol=1e-5, msg=""):
-    """Compare a device tensor (or nested structure) with a CPU reference."""
+    """Compare a device tensor (or nested structure) with a CPU reference.
+
+    The device tensors of a structure are synced together first: read one by one, each would
+    run (and compile) a graph of its own."""
     if isinstance(expected, (list, tuple)):
         assert len(actual) == len(expected), msg
+        pending = list(_device_tensors(actual))
+        if len(pending) > 1:
+            try:
+                xc.sync(pending)
+            except Exception:    # noqa: BLE001 - each read below raises its own error
+                pass
         for a, e in zip(actual, expected):
             assert_same(a, e, rtol, atol, msg)
         return
