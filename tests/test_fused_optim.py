@@ -189,3 +189,35 @@ def test_mismatched_state_lists_raise_clear_errors(path, dev):
                               [t.clone() for t in p], [torch.tensor(1.0).to(dev)] * 2,
                               lr=0.1, lr_decay=0.0, weight_decay=0.0, eps=1e-10,
                               maximize=False)
+
+
+def test_dual_run_and_step_capture_of_an_autocast_fused_step(dev):
+    """A bfloat16-autocast step with fused AdamW agrees across the paths (dual-run) and replays
+    under step capture to the traced run's weights."""
+    def setup():
+        torch.manual_seed(0)
+        model = _model(dev)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+
+    def step(model, opt, x):
+        opt.zero_grad()
+        with torch.autocast("hlo", dtype=torch.bfloat16):
+            loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(1)).to(dev)
+    model, opt = setup()
+    for _ in range(2):
+        assert xc.dual_run(step, model, opt, x).match
+    traced, captured = setup(), setup()
+    replay = xc.compile(step)
+    for _ in range(3):
+        step(*traced, x)
+        replay(*captured, x)
+    xc.sync()
+    assert metrics.counter("StepCaptureReplay") >= 1
+    assert_same([p.cpu() for p in captured[0].parameters()],
+                [p.cpu() for p in traced[0].parameters()])
+    assert xc.metrics.fallback_ops() == []
