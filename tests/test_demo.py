@@ -30,6 +30,10 @@ def _run(path: str, tmp, *extra, args=ARGS, cache=None) -> str:
     return proc.stdout
 
 
+# (the legacy run dual-runs every sampled step on functional too; the functional-authoritative
+# run is in make test-slow, and test_demo_repeats_exactly_with_the_same_seed runs functional)
+@pytest.mark.parametrize("path", ["legacy", pytest.param("functional", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_demo_trains_dual_runs_and_checkpoints(path, tmp_path, compile_cache):
     first = _run(path, tmp_path, cache=compile_cache)
     assert f"training a GPT on the {path} path" in first

@@ -123,7 +123,8 @@ def test_weight_norm_training(path, dev):
     assert xc.metrics.fallback_ops() == []
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("path,reduction", one_path_each(["mean", "sum", "none"]),
+                         indirect=["path"])
 def test_ctc_loss_with_cpu_length_tensors(path, dev, reduction):
     log_probs = _x(6, 2, 4).log_softmax(2)
     targets = torch.tensor([[1, 2, 2], [3, 1, 0]])
