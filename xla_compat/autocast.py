@@ -94,15 +94,6 @@ def _tensors(args, kwargs):
             yield x
 
 
-def _promoted(args, kwargs, low):
-    """Eager's ``promote_type``: float32 wins over the autocast dtype; float64 is ignored."""
-    out = low
-    for t in _tensors(args, kwargs):
-        if _eligible(t) and t.dtype == torch.float32:
-            return torch.float32
-    return out
-
-
 def _overload(name: str):
     base, _, overload = name.partition(".")
     packet = getattr(aten, base, None)
@@ -129,7 +120,10 @@ def _fp32(args, kwargs):
 
 
 def _promote(args, kwargs):
-    return _promoted(args, kwargs, torch.get_autocast_dtype("hlo"))
+    """Eager's ``promote_type``: float32 wins over the autocast dtype; float64 is ignored."""
+    if any(_eligible(t) and t.dtype == torch.float32 for t in _tensors(args, kwargs)):
+        return torch.float32
+    return torch.get_autocast_dtype("hlo")
 
 
 def _set_opt_dtype(op):

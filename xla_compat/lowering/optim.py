@@ -49,13 +49,21 @@ def _keep_if_inf(found_inf, new, old):
     return [jnp.where(skip, o, n) for n, o in zip(new, old)]
 
 
-def _unscaled(grad, work, grad_scale):
-    """(the gradient in the working type, the value written back into the gradient)."""
+def _operands(param, grad, grad_scale, maximize):
+    """(working type, the parameter and the step's gradient in it, the value written back into
+    the gradient): eager's first steps, the gradient unscaled (and stored so) then negated."""
+    work = _work(param.dtype)
     g = grad.astype(work)
-    if grad_scale is None:
-        return g, grad
-    g = g / jnp.asarray(grad_scale).reshape(()).astype(work)
-    return g, _store(g, grad.dtype)
+    g_out = grad
+    if grad_scale is not None:
+        g = g / jnp.asarray(grad_scale).reshape(()).astype(work)
+        g_out = _store(g, grad.dtype)
+    return work, param.astype(work), -g if maximize else g, g_out
+
+
+def _l2(gw, pw, weight_decay, work):
+    """``grad += weight_decay * param`` where the decay is not 0 (eager skips it at 0)."""
+    return jnp.where(weight_decay != 0, gw + pw * _c(weight_decay, work), gw)
 
 
 # -- Adam / AdamW -----------------------------------------------------------------------------------
@@ -67,41 +75,30 @@ def _adam(adamw, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_st
     outs = ([], [], [], [], [])
     for i, (p, g, m, v, step) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs,
                                                state_steps)):
-        work = _work(p.dtype)
         step = step.astype(F32).astype(F64).reshape(())     # (eager: state_step.item<float>())
         bias1 = 1 - beta1 ** step
         bias2_sqrt = jnp.sqrt(1 - beta2 ** step)
         step_size = lr / bias1
-        gw, g_out = _unscaled(g, work, grad_scale)
-        if maximize:
-            gw = -gw
-        pw = p.astype(work)
-        decay = weight_decay != 0
+        work, pw, gw, g_out = _operands(p, g, grad_scale, maximize)
         if adamw:
-            pw = jnp.where(decay, pw * _c(1 - lr * weight_decay, work), pw)
+            pw = jnp.where(weight_decay != 0, pw * _c(1 - lr * weight_decay, work), pw)
         else:
-            gw = jnp.where(decay, gw + pw * _c(weight_decay, work), gw)
+            gw = _l2(gw, pw, weight_decay, work)
         # exp_avg.lerp_(grad, 1 - beta1), in lerp's two forms
         weight = _c(1 - beta1, work)
         mw = m.astype(work)
         mw = jnp.where(jnp.abs(weight) < 0.5, mw + weight * (gw - mw),
                        gw - (gw - mw) * (1 - weight))
         vw = v.astype(work) * _c(beta2, work) + _c(1 - beta2, work) * gw * gw
-        m_out, v_out = _store(mw, m.dtype), _store(vw, v.dtype)
+        new, old = [None, g_out, _store(mw, m.dtype), _store(vw, v.dtype)], [p, g, m, v]
         if amsgrad:
             vmax = max_exp_avg_sqs[i]
-            vmaxw = jnp.maximum(vmax.astype(work), vw)
-            outs[4].append(_store(vmaxw, vmax.dtype))
-            vw = vmaxw
+            vw = jnp.maximum(vmax.astype(work), vw)
+            new.append(_store(vw, vmax.dtype))
+            old.append(vmax)
         denom = jnp.sqrt(vw) / _c(bias2_sqrt, work) + _c(eps, work)
-        pw = pw + _c(-step_size, work) * mw / denom
-        new = [_store(pw, p.dtype), g_out, m_out, v_out]
-        old = [p, g, m, v]
-        if amsgrad:
-            new.append(outs[4].pop())
-            old.append(max_exp_avg_sqs[i])
-        new = _keep_if_inf(found_inf, new, old)
-        for k, x in enumerate(new):
+        new[0] = _store(pw + _c(-step_size, work) * mw / denom, p.dtype)
+        for k, x in enumerate(_keep_if_inf(found_inf, new, old)):
             outs[k].append(x)
     if not amsgrad:
         outs[4].extend(max_exp_avg_sqs)
@@ -135,12 +132,8 @@ def fused_sgd(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, 
     has_buffers = len(momentum_buffer_list) > 0     # (eager: empty exactly when momentum == 0)
     outs = ([], [], [])
     for i, (p, g) in enumerate(zip(self, grads)):
-        work = _work(p.dtype)
-        gw, g_out = _unscaled(g, work, grad_scale)
-        if maximize:
-            gw = -gw
-        pw = p.astype(work)
-        gw = jnp.where(weight_decay != 0, gw + pw * _c(weight_decay, work), gw)
+        work, pw, gw, g_out = _operands(p, g, grad_scale, maximize)
+        gw = _l2(gw, pw, weight_decay, work)
         new, old = [None, g_out], [p, g]
         if has_buffers:
             buf = momentum_buffer_list[i]
@@ -164,14 +157,10 @@ def _adagrad(self, grads, state_sums, state_steps, lr, lr_decay, weight_decay, e
     eps = jnp.asarray(eps, F64)
     outs = ([], [], [])
     for p, g, s, step in zip(self, grads, state_sums, state_steps):
-        work = _work(p.dtype)
         step = step.astype(F32).astype(F64).reshape(())
         clr = lr / (1 + (step - 1) * lr_decay)
-        gw, g_out = _unscaled(g, work, grad_scale)
-        if maximize:
-            gw = -gw
-        pw = p.astype(work)
-        gw = jnp.where(weight_decay != 0, gw + pw * _c(weight_decay, work), gw)
+        work, pw, gw, g_out = _operands(p, g, grad_scale, maximize)
+        gw = _l2(gw, pw, weight_decay, work)
         sw = s.astype(work) + gw * gw
         std = jnp.sqrt(sw) + _c(eps, work)
         pw = pw - _c(clr, work) * gw / std
