@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from xla_compat.lazy.tracer import mutation_info
+from xla_compat.lazy.tracer import bind, mutation_info
 
 from .wrap import owns, sync_wrapper
 
@@ -44,13 +44,11 @@ def _unwrap(x):
 def _kernel(op):
     upstream = torch.library.get_kernel(op, "Functionalize")
     names, _, functional = mutation_info(op)
-    arguments = op._schema.arguments
 
     def kernel(keyset, *args, **kwargs):
         if not any(owns(t) for t in _tensors((args, list(kwargs.values())))):
             return upstream.call_boxed(keyset, *args, **kwargs)
-        bound = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
-                 for i, a in enumerate(arguments)}
+        bound = bind(op, args, kwargs)              # (the written lists have no defaults)
         written = [list(bound[n]) for n in names]
         for w in (w for ws in written for w in ws):
             if not owns(w):

@@ -8,8 +8,8 @@ host round trip when they live on the device.
 from __future__ import annotations
 
 import jax
-import torch
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from .. import metrics
