@@ -129,3 +129,29 @@ def test_compile_cache_is_bounded_by_the_mappings_executables_hold(dev):
     # 12 graphs compiled, their mappings held by at most a budget's worth of executables
     assert grown <= budget + 12 * 8, grown
     assert executor.maps_budget() > 1000            # (the default: half of vm.max_map_count)
+
+
+def test_the_mappings_of_a_compile_are_measured_on_a_sample_and_the_rest_charged_their_mean(
+        monkeypatch):
+    """Reading /proc/self/maps costs milliseconds in a process with many mappings, more than a
+    small compile: the first compiles and every EVERY-th are measured, the others charged the
+    mean of the measured."""
+    counts = iter(range(0, 10 ** 6, 10))          # each reading 10 mappings more than the last
+    reads = []
+
+    def fake_maps():
+        reads.append(1)
+        return next(counts)
+
+    monkeypatch.setattr(executor, "maps_in_use", fake_maps)
+    meter = executor._MapsMeter()
+
+    class Lowered:
+        def compile(self):
+            return "compiled"
+
+    n = meter.FIRST + 3 * meter.EVERY
+    costs = [meter.compile(Lowered()) for _ in range(n)]
+    assert all(c == ("compiled", 10) for c in costs)       # measured: the reading's step
+    measured = meter.FIRST + sum(1 for k in range(meter.FIRST, n) if k % meter.EVERY == 0)
+    assert len(reads) == 2 * measured < n
