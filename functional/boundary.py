@@ -79,8 +79,17 @@ def install() -> None:
         _install_as_strided()
         _install_copy_ops()
         _install_unfold_backward()
+        _lib.impl("_has_same_storage_numel", _same_storage_numel, "Functionalize")
     from . import list_writes
     list_writes.install(_lib)
+
+
+def _same_storage_numel(a, b) -> bool:
+    """Forward-mode AD's question (does a tangent's storage hold as many elements as its primal
+    base's?) about the user's tensors, as eager answers it. Upstream's kernel asks the inner
+    tensors, and a view's inner tensor is a storage of its own."""
+    from .view_checks import _storage_bytes
+    return (_storage_bytes(a) // a.element_size()) == (_storage_bytes(b) // b.element_size())
 
 
 # -- unfold_backward as an op ----------------------------------------------------------------------

@@ -52,17 +52,19 @@ class LegacyTensor(LazyTensor):
         # op's result is made here, and the call and the property setter cost a fifth of it.
         if strides is None:
             storage_offset = None
-        t = _wrapper(cls, shape, strides, storage_offset, None, dtype, _STRIDED, DEVICE, False,
-                     requires_grad)
-        t._v = value
-        _tensors.add(id(t), t)
         if alias is None:          # a new storage: its Alias is made when first needed
+            t = _wrapper(cls, shape, strides, storage_offset, None, dtype, _STRIDED, DEVICE, False,
+                         requires_grad)
             t._last_data = value if value.node.rule is None else None
-        else:
+        else:                      # a view: its storage is the alias's, as large as eager's
+            t = _wrapper(cls, shape, strides, storage_offset, None, dtype, _STRIDED, DEVICE, False,
+                         requires_grad, storage_size=alias.nbytes)
             t._gen = -1
             t._last_data = None
             t._a = alias
             t._chain = chain if type(chain) is tuple else tuple(chain)
+        t._v = value
+        _tensors.add(id(t), t)
         return t
 
     @classmethod

@@ -36,8 +36,7 @@ def _both(program, *cpu, dev, **tol):
     on_dev = [t.to(dev) for t in cpu]
     expected = program(*cpu)
     actual = program(*on_dev)
-    assert_same(actual, expected, **tol)
-    assert_same(on_dev, list(cpu), **tol)
+    assert_same([actual, on_dev], [expected, list(cpu)], **tol)     # (one sync for both)
     xc.sync()
     assert_same(actual, expected, **tol)
     assert_same(on_dev, list(cpu), **tol)

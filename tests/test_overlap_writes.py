@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import assert_same
+from tests.conftest import PATHS, assert_same
 from tests.sampling import all_pairs
 from xla_compat.lowering.views import OverlapWalk, iteration_order
 
@@ -154,9 +154,10 @@ def _permuted(shape, device):
         *range(len(shape) - 1, -1, -1))
 
 
-@pytest.mark.parametrize("geometry", STRIDED, ids=str)
-@pytest.mark.parametrize("op", ["mul", "lerp", "add_self", "sub_div", "fill", "index_add",
-                                "index_put", "copy", "out", "out_permuted"])
+# every op meets every geometry, and each of them both paths, in make test (all_pairs)
+@pytest.mark.parametrize("path,op,geometry", all_pairs(
+    PATHS, ["mul", "lerp", "add_self", "sub_div", "fill", "index_add", "index_put", "copy", "out",
+            "out_permuted"], STRIDED), indirect=["path"])
 def test_writes_into_an_overlapping_as_strided_view_follow_eagers_walk(path, dev, geometry, op):
     size, stride, offset = geometry
 

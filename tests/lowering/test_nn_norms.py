@@ -163,6 +163,7 @@ def test_norm_dtypes_as_eager(path, op, dtypes):
         return
     got = _NORM_CALLS[op](*[t.to(xc.device()) if t is not None else None for t in args])
     assert len(got) == len(want)
+    xc.sync(list(got))                       # (one graph for all outputs; read one by one below)
     for g, e in zip(got, want):
         assert (g.dtype, g.shape) == (e.dtype, e.shape)
         # (half: eager's bfloat16 invstd is one rounding step away from ours in some channels,

@@ -1353,6 +1353,15 @@ def _same_size(cls, func, args, kwargs):
     return tuple(args[0].shape) == tuple(args[1].shape)
 
 
+@special(aten._has_same_storage_numel.default)
+def _same_storage_numel(cls, func, args, kwargs):
+    """Forward-mode AD asks whether a tangent's storage holds as many elements as its primal
+    base's: answered from the storages' sizes, as eager does, without reading either tensor."""
+    a, b = args
+    return (a.untyped_storage().nbytes() // a.element_size()
+            == b.untyped_storage().nbytes() // b.element_size())
+
+
 @special(aten._has_compatible_shallow_copy_type.default)
 def _compatible(cls, func, args, kwargs):
     return type(args[0]) is type(args[1])
