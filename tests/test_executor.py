@@ -442,3 +442,42 @@ def test_a_per_sync_walk_runs_once_in_a_sync_and_every_time_outside(path, dev):
     n = len(calls)
     walk(), walk()
     assert len(calls) == n + 2
+
+
+def _empty_and_full(d):
+    x = torch.arange(6.0, device=d).reshape(2, 3)
+    e = torch.ones(0, 3, device=d, dtype=torch.bfloat16)
+    outs = [(e * 2).t()[1:], e.sum(0), x[:, 3:] + 1, torch.cat([e.float(), x]), x.new_zeros(4, 0)]
+    e.add_(1)
+    return outs + [e, x * 2]
+
+
+def test_results_holding_no_element_are_not_compiled(path, dev):
+    """A sync gives zero-size results their empty arrays without compiling them: a graph of
+    empty results compiles nothing, and a mixed one compiles only the rest."""
+    xc.sync()
+    metrics.reset()
+    outs = _empty_and_full(dev)
+    empties = [t for t in outs if t.numel() == 0]
+    xc.sync(empties)
+    assert metrics.counter("UncachedCompile") == 0
+    assert metrics.counter("EmptyOutputsNotCompiled") >= 1
+    assert_same(outs, _empty_and_full("cpu"))          # (the rest: one graph)
+    assert metrics.counter("UncachedCompile") == 1
+
+
+def test_a_captured_step_with_empty_results_replays_them(path, dev):
+    """Capture records the graph a step ran: its empty results stay in it, so every replay
+    gives them too."""
+    w = torch.ones(3, device=dev)
+
+    @xc.compile
+    def step(w):
+        w.mul_(2)
+        return w[3:], w.sum()
+
+    for _ in range(3):
+        empty, total = step(w)
+        xc.sync()
+        assert empty.shape == (0,) and empty.cpu().shape == (0,)
+    assert_same(total, torch.tensor(24.0))

@@ -16,6 +16,7 @@ import weakref
 from dataclasses import dataclass
 
 import jax
+import numpy as np
 
 from . import autograd_thread, metrics, packed_numbers, persistent_cache, settings, sharding
 from .lazy import ir, rng
@@ -661,6 +662,13 @@ def _sync_tensors(tensors, mark_step: bool) -> None:
         def donatable(leaves):
             return {id(n) for n in leaves if type(n) is DeviceData and id(n) not in held}
         predecessor = _predecessors(pending)
+    mapping: dict = {}
+    roots = _without_empty(roots, mapping)
+    if not roots:                 # every result holds no element: nothing to compile or run
+        _bind(mapping)
+        if full:
+            _mark_quiet()
+        return
     try:
         graph, compiled, outputs = _execute(roots, donatable, predecessor)
     except BaseException as e:
@@ -668,7 +676,6 @@ def _sync_tensors(tensors, mark_step: bool) -> None:
         if rng_state is not None:
             rng.restore(rng_state)
         raise
-    mapping: dict = {}
     if graph.mesh is None:
         make = ir.output_leaf     # (a root that is itself a leaf, rare, as it always was)
         for v, arr in zip(graph.roots, outputs):
@@ -685,6 +692,24 @@ def _sync_tensors(tensors, mark_step: bool) -> None:
     _bind(mapping)
     if full:
         _mark_quiet()
+
+
+def _without_empty(roots: list, mapping: dict) -> list:
+    """``roots`` less those holding no element, whose arrays go into ``mapping`` as they are
+    (empty arrays of their shapes and dtypes: a graph of zero-size results would compile for
+    nothing). Kept in the graph while a step is recorded (capture replays only its graph's
+    outputs) or a value belongs to an SPMD mesh."""
+    if _recorders or sharding.any_marked():
+        return roots
+    kept = []
+    for v in roots:
+        shape = v.aval.shape
+        if 0 in shape and v.node.rule is not None:
+            mapping[v] = ir.output_leaf(jax.device_put(np.zeros(shape, v.aval.dtype)), v.aval)
+            metrics.inc("EmptyOutputsNotCompiled")
+        else:
+            kept.append(v)
+    return kept
 
 
 def _bind(mapping: dict) -> None:

@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+import xla_compat as xc
 from tests.conftest import PATHS, assert_same
 from tests.sampling import all_pairs
 from tests.lowering._core import core_no_fallback, dev  # noqa: F401 (autouse fixture)
@@ -32,6 +33,7 @@ def test_cdist_values_and_gradients_with_broadcast_batches(path, p, shapes):
         db = dev(b.detach()).requires_grad_()
         actual = torch.cdist(da, db, p, mode)
         actual.backward(dev(g))
+        xc.sync([actual, da.grad, db.grad])          # (one graph for the three read below)
         assert_same(actual, expected.detach(), 1e-4, 1e-4, f"p={p} {mode}")
         assert_same(da.grad, a.grad, 1e-3, 1e-3, f"grad x1 p={p} {mode}")
         assert_same(db.grad, b.grad, 1e-3, 1e-3, f"grad x2 p={p} {mode}")

@@ -32,20 +32,23 @@ DTYPES = [torch.float32, torch.int64, torch.bool, torch.float64]
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("d", [-1, 0])
 def test_stable_sort_matches_eager_values_and_indices(dtype, descending, d):
-    for x in _inputs(dtype):
-        expected = x.sort(stable=True, dim=d, descending=descending)
-        actual = dev(x).sort(stable=True, dim=d, descending=descending)
-        assert_same(tuple(actual), tuple(expected), msg=f"{x}")
-        assert_same(dev(x).argsort(dim=d, descending=descending, stable=True), expected[1])
+    inputs = _inputs(dtype)
+    expected = [(*x.sort(stable=True, dim=d, descending=descending),
+                 x.argsort(dim=d, descending=descending, stable=True)) for x in inputs]
+    actual = [(*dev(x).sort(stable=True, dim=d, descending=descending),
+               dev(x).argsort(dim=d, descending=descending, stable=True)) for x in inputs]
+    assert_same(actual, expected, msg=f"inputs {inputs}")      # (one graph for every input)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("descending", [False, True])
 def test_unstable_sort_gives_eager_values_and_consistent_indices(dtype, descending):
     # Eager's default sort leaves the order of equal elements unspecified.
-    for x in _inputs(dtype):
+    inputs = _inputs(dtype)
+    got = [dev(x).sort(descending=descending) for x in inputs]
+    xc.sync([t for pair in got for t in pair])                 # (one graph for every input)
+    for x, (av, ai) in zip(inputs, got):
         ev, _ = x.sort(descending=descending)
-        av, ai = dev(x).sort(descending=descending)
         assert_same(av, ev)
         assert_same(x.gather(-1, ai.cpu()) if x.dim() else x, ev)
 
