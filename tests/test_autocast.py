@@ -119,3 +119,48 @@ def test_autocast_training_matches_cpu_autocast(path, dev):
     want, got = step("cpu"), step(dev)
     assert_same(got, want, rtol=1e-2, atol=1e-2)
     assert xc.metrics.fallback_ops() == []
+
+
+def _casts_in(fn) -> int:
+    """How many casts (``_to_copy``) ``fn()`` dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default:
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        fn()
+    return Count.n
+
+
+def test_a_weight_is_cast_once_per_region_and_its_gradient_is_eagers(path, dev):
+    """torch's cached_cast: a float32 weight used by four matmuls in one region is cast once
+    (an RNN loop's weights are cast once, not per step), anew in the next region, and never
+    with the cache off, as CPU autocast casts it; the gradient is CPU autocast's."""
+    def run(device, cache=True):
+        torch.manual_seed(0)
+        w = torch.randn(4, 4).to(device).requires_grad_()
+        h = torch.randn(2, 4).to(device)
+
+        def compute():
+            nonlocal h
+            with torch.autocast(device if device == "cpu" else "hlo", dtype=torch.bfloat16,
+                                cache_enabled=cache):
+                for _ in range(4):
+                    h = torch.tanh(h @ w)
+            h.float().sum().backward()
+        casts = _casts_in(compute)
+        return casts, h, w.grad
+
+    cached, uncached = run(dev)[0], run(dev, cache=False)[0]
+    assert uncached - cached == 6     # w cast once, not 4 times: 3 casts fewer, and 3 grads
+    assert (cached, uncached) == (run("cpu")[0], run("cpu", cache=False)[0])   # eager's count
+    from xla_compat import autocast
+    assert autocast._cached == {}                            # cleared when the region exited
+    _, h, grad = run(dev)
+    _, want_h, want_grad = run("cpu")
+    assert_same([h, grad], [want_h.detach(), want_grad], rtol=2e-2, atol=2e-2)

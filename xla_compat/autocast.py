@@ -20,11 +20,17 @@ under ``AutocastPrivateUse1`` (without them every op inside ``torch.autocast("hl
     dtype; float64 ignored);
   * ``binary_cross_entropy`` raises eager's error (unsafe to autocast; use the logits form).
 
-Not done: torch's cache of each weight's cast (a leaf float32 tensor that requires grad is cast
-once per autocast region). Each use casts anew; the graph computes the same values, and XLA
-merges the identical converts.
+Weights are cast once per region, as torch's ``cached_cast`` does: a float32 leaf that requires
+grad and is not a view, cast to the autocast dtype while the cache is enabled
+(``torch.autocast(..., cache_enabled=True)``, the default), is cast on first use and every later
+use inside the region takes that cast (one convert and one autograd node however often an RNN
+step or a tied weight uses it). torch clears its cache when the outermost region exits
+(``torch.clear_autocast_cache``); this one is cleared with it.
 """
 from __future__ import annotations
+
+import threading
+import weakref
 
 import torch
 
@@ -77,13 +83,40 @@ def _eligible(x) -> bool:
             and x.dtype != torch.float64)
 
 
+# id(weight) -> (weak reference to it, its cast): torch's cached_cast, for hlo weights. The weak
+# reference tells a live weight from a new tensor that took a dead one's id.
+_cached: dict = {}
+_cached_lock = threading.Lock()
+
+
 def _cast(x, dtype):
     """Each eligible tensor in ``x`` (a value, list or tuple) as ``dtype``."""
     if isinstance(x, torch.Tensor):
-        return x.to(dtype) if _eligible(x) and x.dtype != dtype else x
+        if not _eligible(x) or x.dtype == dtype:
+            return x
+        if (x.requires_grad and x.is_leaf and x.dtype == torch.float32 and not x._is_view()
+                and dtype == torch.get_autocast_dtype("hlo") and torch.is_autocast_cache_enabled()):
+            return _cached_cast(x, dtype)
+        return x.to(dtype)
     if isinstance(x, (list, tuple)):
         return type(x)(_cast(e, dtype) for e in x)
     return x
+
+
+def _cached_cast(x, dtype):
+    with _cached_lock:
+        hit = _cached.get(id(x))
+        if hit is not None and hit[0]() is x:
+            return hit[1]
+        cast = x.to(dtype)
+        _cached[id(x)] = (weakref.ref(x), cast)
+        return cast
+
+
+def clear_cache() -> None:
+    """Forget every cached weight cast (torch calls this when the outermost region exits)."""
+    with _cached_lock:
+        _cached.clear()
 
 
 def _tensors(args, kwargs):
@@ -181,3 +214,9 @@ def install() -> None:
     kernels["binary_cross_entropy"] = _banned
     for name, kernel in kernels.items():
         lib.impl(name, kernel, _KEY)
+    torch_clear = torch.clear_autocast_cache
+
+    def clear_autocast_cache():
+        torch_clear()
+        clear_cache()
+    torch.clear_autocast_cache = clear_autocast_cache
