@@ -12,7 +12,7 @@ import jax
 import torch
 
 import xla_compat as xc
-from benchmarks import targets
+from benchmarks import paired as _paired, targets
 from benchmarks.measure import LABELS, LAZY, VARIANTS, Measurement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,7 +132,7 @@ def _baseline(previous: str, current_profile: str, machine: dict) -> str:
 
 
 def report(results, workloads_run, args, machine_start, machine_end, profiles: str,
-           previous: str = "", floors: str = "") -> str:
+           previous: str = "", floors: str = "", interleaved=()) -> str:
     failures = [m for m in results if m.error or not m.ok]
     passes = getattr(args, "passes", 1)
     full = not getattr(args, "quick", False)
@@ -160,12 +160,22 @@ def report(results, workloads_run, args, machine_start, machine_end, profiles: s
         "",
         summary_table(results, workloads_run),
         "",
+        *(["## Interleaved runs", "",
+            f"After the passes, every variant of a workload again, taking turns: {args.rounds} "
+            f"rounds, each a block of {getattr(args, 'block', 4)} steps of every variant (the "
+            "first step of a block not timed), the first variant rotating (`paired.py`). A cell "
+            "is the median of the rounds' medians; a ratio is the median of the per-round "
+            "ratios, with its bootstrapped 95% interval: both sides of a ratio met the same "
+            "moments of the machine, so these ratios carry less of its drift than the table "
+            "above (all programs stay alive together, which the sequential passes do not do).",
+            "", _paired.table(interleaved), ""] if interleaved else []),
         "## Issue 8's targets in this run",
         "",
         "Each bar of issue 8's \"what must be shown\", judged on the table above"
+        + (" and, marked (interleaved), on the interleaved runs" if interleaved else "")
         + ("" if full else " (quick sizes: absolute bars are not judged)") + ".",
         "",
-        targets.table(results, workloads_run, full),
+        targets.table(results, workloads_run, full, interleaved),
         "",
         *([f"## Spread across the {passes} passes", "",
            "How far each cell moved between passes of this run: the noise any ratio above "

@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
 # ratio against eager. Set OMP_WAIT_POLICY yourself to measure another policy; the report says
 # which one ran.
 
-from benchmarks import floor, report as rep, targets, workloads  # noqa: E402
+from benchmarks import floor, paired, report as rep, targets, workloads  # noqa: E402
 from benchmarks.measure import VARIANTS, combine, profile, run_workload  # noqa: E402
 
 
@@ -36,6 +36,11 @@ def main(argv=None) -> int:
     p.add_argument("--passes", type=int, default=1,
                    help="run every variant this many times, a pass at a time; each cell is the "
                         "median of its passes' medians and the report shows their spread")
+    p.add_argument("--rounds", type=int,
+                   help="rounds of the interleaved run after the passes (paired.py; default 12, "
+                        "quick 3; 0 skips it)")
+    p.add_argument("--block", type=int, default=4,
+                   help="steps of each variant per interleaved round (the first is not timed)")
     p.add_argument("--warmup", type=int)
     p.add_argument("--iters", type=int)
     p.add_argument("--profile", metavar="W", help="only print the cProfile of one step of W")
@@ -51,6 +56,7 @@ def main(argv=None) -> int:
         p.error("--passes must be at least 1")
     args.warmup = args.warmup if args.warmup is not None else (2 if args.quick else 5)
     args.iters = args.iters if args.iters is not None else (5 if args.quick else 30)
+    args.rounds = args.rounds if args.rounds is not None else (3 if args.quick else 12)
     sizes = workloads.QUICK if args.quick else workloads.FULL
     by_name = {w.name: w for w in sizes}
 
@@ -79,6 +85,11 @@ def main(argv=None) -> int:
             results += run_workload(w, variants, args.warmup, args.iters)
         passes.append(results)
     results = combine(passes) if len(passes) > 1 else passes[0]
+    interleaved = []
+    if args.rounds > 0:
+        print(f"interleaved: {args.rounds} rounds of {args.block} steps per variant")
+        interleaved = [paired.run(w, variants, args.warmup, args.rounds, args.block)
+                       for w in chosen]
     prof = profiles("W1")
     eager = {m.workload: m.median for m in results if m.variant == "eager" and m.ok}
     floors = floor.table(chosen, eager)
@@ -88,16 +99,23 @@ def main(argv=None) -> int:
     print()
     print(floors)
     print()
-    print(targets.table(results, chosen, full=not args.quick))
+    if interleaved:
+        print(paired.table(interleaved))
+        print()
+    print(targets.table(results, chosen, full=not args.quick, paired=interleaved))
     if args.out:
         out = Path(args.out)
         previous = out.read_text() if out.exists() else ""
         out.write_text(rep.report(results, chosen, args, machine_start, machine_end, prof, previous,
-                                  floors))
+                                  floors, interleaved))
         print(f"wrote {out}")
     bad = [m for m in results if not m.ok]
     for m in bad:
         print(f"NOT OK: {m.workload} {m.variant}: {m.error or m.check}")
+    for p_ in interleaved:
+        for v, why in [*p_.errors.items(), *((v, c) for v, c in p_.checks.items() if c != "ok")]:
+            bad.append(v)
+            print(f"NOT OK (interleaved): {p_.workload} {v}: {why}")
     return 1 if bad and args.strict else 0
 
 

@@ -37,7 +37,8 @@ def _at_most(target, variant, value, bar, limit, fmt="{:.2f}x", judged=True) -> 
     return Row(target, variant, fmt.format(value), bar, verdict)
 
 
-def rows(results: list[Measurement], workloads_run, full: bool = True) -> list[Row]:
+def rows(results: list[Measurement], workloads_run, full: bool = True,
+         paired=()) -> list[Row]:
     by = {(m.workload, m.variant): m for m in results}
     names = {w.name for w in workloads_run}
     out: list[Row] = []
@@ -96,6 +97,7 @@ def rows(results: list[Measurement], workloads_run, full: bool = True) -> list[R
             a, b = sum(fn.hlo_ops), sum(lg.hlo_ops)
             out.append(Row(f"{w} functional HLO no larger than legacy's", "HLO ops",
                            f"{a} vs {b}", "<= legacy's", MET if a <= b else NOT_MET))
+    out += _paired_rows(paired, by)
     lazy = [m for m in results if m.variant in LAZY]
     fresh = [f"{m.workload} {LABELS[m.variant]}: {m.new_compiles}" for m in lazy
              if m.error or m.new_compiles]
@@ -109,10 +111,50 @@ def rows(results: list[Measurement], workloads_run, full: bool = True) -> list[R
     return out
 
 
-def table(results: list[Measurement], workloads_run, full: bool = True) -> str:
+def _paired_rows(paired, by) -> list[Row]:
+    """The ratio bars again, on the interleaved runs (``paired.py``): the median of per-round
+    ratios with its 95% interval. "Within legacy's spread" keeps the sequential passes' spread
+    as its bar, where they measured one."""
+    out = []
+    for p in paired:
+        w = p.workload
+        bars = []
+        if w in ("W2", "W3"):
+            bars += [(f"{w} <= 1.3x hand-written JAX (interleaved)", v, "jax", 1.3)
+                     for v in (*TRACED, *CAPTURED)]
+        if w == "W4":
+            bars += [("W4 lazily traced no slower than torch eager (interleaved)", v, "eager", 1.0)
+                     for v in TRACED]
+        if w in ("W1", "W4"):
+            bars += [(f"{w} captured <= 2x hand-written JAX (interleaved)", v, "jax", 2.0)
+                     for v in CAPTURED]
+        for target, v, ref, limit in bars:
+            out.append(_interval_row(target, f"{LABELS[v]} / {LABELS[ref]}", p.ratio(v, ref),
+                                     f"<= {limit:.2f}x", limit))
+        for lv, fv in (("legacy", "functional"), ("legacy+capture", "functional+capture")):
+            lg = by.get((w, lv))
+            s = spread(lg) if lg is not None else float("nan")
+            limit = max(s, 1.0) if s == s else 1.0
+            bar = (f"<= {limit:.2f}x (legacy's passes: slowest / fastest)" if s == s
+                   else "<= 1.00x (no sequential passes to take a spread from)")
+            out.append(_interval_row(f"{w} functional within legacy's spread (interleaved)",
+                                     f"{LABELS[fv]} / {LABELS[lv]}", p.ratio(fv, lv), bar,
+                                     limit))
+    return out
+
+
+def _interval_row(target, variant, r, bar, limit) -> Row:
+    if r is None:
+        return Row(target, variant, "–", bar, NOT_MET)
+    mid, lo, hi = r
+    return Row(target, variant, f"{mid:.2f}x (95%: {lo:.2f}-{hi:.2f})", bar,
+               MET if mid <= limit else NOT_MET)
+
+
+def table(results: list[Measurement], workloads_run, full: bool = True, paired=()) -> str:
     lines = ["| target | variant | this run | bar | verdict |", "|---|---|---|---|---|"]
     lines += [f"| {r.target} | {r.variant} | {r.value} | {r.bar} | {r.verdict} |"
-              for r in rows(results, workloads_run, full)]
+              for r in rows(results, workloads_run, full, paired)]
     return "\n".join(lines)
 
 

@@ -219,3 +219,73 @@ def test_the_targets_table_judges_every_bar_of_issue_8():
                   "hlo functional")].verdict == targets.UNJUDGED
     table = targets.table(results, ws)
     assert table.count("\n") == len(rows) + 1 and "**not met**" in table
+
+
+# -- interleaved runs (benchmarks/paired.py) ------------------------------------------------------
+
+def test_the_interleaved_run_takes_turns_in_blocks_and_checks_every_variant_against_eager():
+    from benchmarks import paired
+    w = workloads.TINY[3]                                    # W4: the KV cache, tiny
+    p = paired.run(w, measure.VARIANTS, warmup=2, rounds=3, block=2, log=lambda line: None)
+    assert p.errors == {}
+    assert list(p.times) == list(measure.VARIANTS)           # eager first, as the reference
+    assert all(len(t) == 3 and min(t) > 0 for t in p.times.values())
+    assert set(p.checks.values()) == {"ok"}
+    mid, lo, hi = p.ratio("functional", "legacy")
+    assert lo <= mid <= hi
+    table = paired.table([p])
+    assert table.count("\n| W4 |") == 1 and "FAILED" not in table and "WRONG" not in table
+
+
+def test_an_interleaved_variant_that_fails_leaves_the_rotation_and_the_rest_go_on():
+    from benchmarks import paired
+
+    made = []
+
+    class Flaky(workloads.ElementwiseChain):
+        def torch_program(self, device, capture=False):
+            prog = super().torch_program(device, capture)
+            made.append(prog)
+            if len(made) == 2:         # the first device program (eager's is the first made)
+                def step():
+                    raise RuntimeError("no lowering for aten.frobnicate\nsecond line")
+                prog.step = step
+            return prog
+
+    p = paired.run(Flaky(ops=3, shape=(2, 2)), ["legacy", "functional"], warmup=1, rounds=2,
+                   block=2, log=lambda line: None)
+    assert p.errors == {"legacy": "RuntimeError: no lowering for aten.frobnicate"}
+    assert set(p.times) == {"eager", "functional"} and p.checks["functional"] == "ok"
+    assert p.ratio("legacy", "eager") is None
+    assert "hlo legacy: RuntimeError" in paired.table([p])
+
+
+def test_a_ratio_is_the_median_of_per_round_ratios_with_a_bootstrap_interval():
+    from benchmarks import paired
+    # the machine slows down 3x halfway: per-round ratios stay 1.1, the medians' ratio does not
+    p = paired.Paired("W2", "ms", 6, times={"legacy": [10, 10, 10, 30, 30, 30],
+                                            "functional": [11, 11, 11, 33, 33, 33]})
+    assert p.ratio("functional", "legacy") == pytest.approx((1.1, 1.1, 1.1))
+    p.times["functional"] = [9, 10, 11, 30, 33, 36]
+    mid, lo, hi = p.ratio("functional", "legacy")
+    assert mid == pytest.approx(1.05) and lo < 1.0 < 1.1 < hi
+    with pytest.raises(ValueError, match="2 steps or more"):
+        paired.run(workloads.TINY[0], ["legacy"], warmup=1, rounds=1, block=1)
+
+
+def test_the_targets_table_judges_the_interleaved_ratios_too():
+    from benchmarks import paired, targets
+    p = paired.Paired("W2", "ms", 3, times={
+        "eager": [12, 12, 12], "jax": [10, 10, 10], "legacy": [12, 12.5, 13],
+        "functional": [14, 14, 14], "legacy+capture": [11, 11, 11],
+        "functional+capture": [11, 11, 11]})
+    seq = [_m("W2", "legacy", 12.0, passes=(12.0, 12.6))]
+    rows = {(r.target, r.variant): r for r in targets.rows(seq, workloads.FULL, paired=[p])}
+    row = rows[("W2 <= 1.3x hand-written JAX (interleaved)", "hlo legacy / JAX twin (jit)")]
+    assert row.verdict == targets.MET and row.value.startswith("1.25x (95%: ")
+    row = rows[("W2 functional within legacy's spread (interleaved)",
+                "hlo functional / hlo legacy")]
+    assert row.verdict == targets.NOT_MET and "1.05x" in row.bar     # 1.12x against 1.05x
+    row = rows[("W2 functional within legacy's spread (interleaved)",
+                "functional, captured / legacy, captured")]
+    assert row.verdict == targets.MET and "no sequential passes" in row.bar
