@@ -12,6 +12,7 @@ if __name__ != "xla_compat.functional":
     raise ImportError(f"import xla_compat.functional, not {__name__} (the same code under a second "
                       f"name would register the path twice)")
 
+from xla_compat import dynamo as _dynamo
 from xla_compat import executor as _executor
 from xla_compat import paths as _paths
 from xla_compat.lazy.ir import skip_frames_in
@@ -49,6 +50,7 @@ _checks.install()
 _direct.install()
 _shared_writes.install()
 _view_checks.install()
+_dynamo.skip(__name__)       # torch.compile calls the path's code, never traces it
 _paths.register(IMPL)
 _executor.register_rebinder(_after_sync)
 _executor.register_failure_hook(_roll_back)

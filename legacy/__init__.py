@@ -16,7 +16,7 @@ if __name__ != "xla_compat.legacy":
 
 import torch
 
-from xla_compat import executor, paths
+from xla_compat import dynamo, executor, paths
 from xla_compat.lazy.ir import reaches, skip_frames_in
 
 from . import alias as _alias
@@ -146,6 +146,7 @@ executor.register_predecessors(_predecessors)
 executor.register_value_holder(_held_values)
 executor.register_rebinder(_rebind)
 executor.register_failure_hook(_roll_back)
+dynamo.skip(__name__)        # torch.compile calls the path's code, never traces it
 paths.register(paths.PathImpl(
     name="legacy", version=VERSION, torch_versions=">=2.13", tensor_cls=LegacyTensor,
     inner=_inner, owns=_owns, before_sync=_before_sync, probe=_probe, to_path=_to_path,

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from . import _jax  # noqa: F401  (configures jax: x64)
+from . import dynamo as _dynamo
 from . import device as _device
 from . import executor as _executor
 from . import lowering as _lowering
@@ -26,6 +27,7 @@ from .capture import CapturedStep, compile
 
 __version__ = "0.1.0"
 
+_dynamo.skip(__name__)          # torch.compile calls the library's code, never traces it
 _lowering.load_all()
 _autocast.install()
 _device.register()
