@@ -108,3 +108,13 @@ def assert_same(actual, expected, rtol=1.3e-6, atol=1e-5, msg=""):
                                    msg=(lambda m: f"{msg}: {m}") if msg else None)
         return
     assert actual == expected, msg
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests of code the paths share run each case on one path in ``make test``, the paths
+    taking turns (``sampling.alternate_paths``): the op families' lowering rules
+    (``tests/lowering``) and modules that set ``ALTERNATE_PATHS = True``."""
+    from tests.sampling import alternate_paths
+    lowering = os.path.join(os.path.dirname(__file__), "lowering") + os.sep
+    alternate_paths([item for item in items if str(item.path).startswith(lowering)
+                     or getattr(getattr(item, "module", None), "ALTERNATE_PATHS", False)])

@@ -55,3 +55,36 @@ def one_path_each(names, paths=("legacy", "functional")) -> list:
             marks = () if (i + j) % 2 == 0 else pytest.mark.slow
             out.append(pytest.param(path, name, marks=marks, id=f"{path}-{name}"))
     return out
+
+
+def alternate_paths(items, paths=("legacy", "functional")) -> int:
+    """Mark ``slow`` half of the path cases of each test function parametrised beyond its path
+    (on the ``path`` fixture or a ``path`` argument): its cases, sorted by the rest of their ids,
+    run on ``paths`` in turn in ``make test``, the other path in ``make test-slow``. A function
+    parametrised over the path alone keeps both, and one that samples itself (any case already
+    marked ``slow``) is left as it is. Returns how many items were marked.
+
+    For tests of code the paths share (``tests/lowering``: the op families' rules): each case
+    still runs on the device in ``make test``, and each path meets half of them."""
+    functions: dict = {}
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        if spec is None or spec.params.get("path") not in paths:
+            continue
+        path = spec.params["path"]
+        rest = spec.id.split("-")
+        rest.remove(path)
+        functions.setdefault(item.function, []).append(("-".join(rest), path, item))
+    marked = 0
+    for cases in functions.values():
+        if any(item.get_closest_marker("slow") for _, _, item in cases):
+            continue
+        keys = sorted({key for key, _, _ in cases})
+        if len(keys) < 2:
+            continue
+        turn = {key: paths[i % len(paths)] for i, key in enumerate(keys)}
+        for key, path, item in cases:
+            if path != turn[key]:
+                item.add_marker(pytest.mark.slow)
+                marked += 1
+    return marked

@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 
 HALF = (torch.bfloat16, torch.float16)
+# Rounding rules of the lowerings, code the paths share: each case on one path in make test,
+# the paths taking turns (tests/sampling.alternate_paths); make test-slow runs the other.
+ALTERNATE_PATHS = True
 CONV = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 

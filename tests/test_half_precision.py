@@ -15,6 +15,9 @@ from tests.conftest import assert_same
 from tests.sampling import all_pairs
 
 DTYPES = (torch.bfloat16, torch.float16)
+# Rounding rules of the lowerings, code the paths share: each case on one path in make test,
+# the paths taking turns (tests/sampling.alternate_paths); make test-slow runs the other.
+ALTERNATE_PATHS = True
 N = 2048
 
 

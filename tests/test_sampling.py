@@ -37,3 +37,39 @@ def test_invalid_cases_are_left_out_and_their_pairs_not_asked_for():
 def test_a_product_of_two_axes_is_run_whole():
     fast, slow = _split(all_pairs([1, 2, 3], ["a", "b"]))
     assert len(fast) == 6 and not slow
+
+
+class _Item:
+    """What alternate_paths reads of a collected test item."""
+
+    def __init__(self, function, path, rest, slow=False):
+        class Spec:
+            params = {"path": path}
+            id = "-".join([path, *rest]) if rest else path
+        self.callspec, self.function = Spec(), function
+        self.marks = ["slow"] if slow else []
+
+    def get_closest_marker(self, name):
+        return name if name in self.marks else None
+
+    def add_marker(self, mark):
+        self.marks.append(mark.name)
+
+
+def test_alternate_paths_runs_each_case_on_one_path_and_the_paths_take_turns():
+    from tests.sampling import alternate_paths
+
+    def f(): pass      # noqa: E704
+    def g(): pass      # noqa: E704
+    def h(): pass      # noqa: E704
+    items = [_Item(f, p, [op, dt]) for op in ("abs", "sin", "tan") for dt in ("f32", "bf16")
+             for p in ("legacy", "functional")]
+    items += [_Item(g, p, []) for p in ("legacy", "functional")]           # over the path alone
+    items += [_Item(h, "legacy", ["a"]), _Item(h, "functional", ["a"], slow=True),
+              _Item(h, "legacy", ["b"], slow=True), _Item(h, "functional", ["b"])]
+    assert alternate_paths(items) == 6
+    fast = [(i.callspec.params["path"], i.callspec.id) for i in items[:12] if not i.marks]
+    assert len(fast) == 6 and len({id_.split("-", 1)[1] for _, id_ in fast}) == 6
+    assert sorted(p for p, _ in fast) == ["functional"] * 3 + ["legacy"] * 3
+    assert not any(i.marks for i in items[12:14])                          # g: both paths
+    assert [bool(i.marks) for i in items[14:]] == [False, True, True, False]   # h: its own
