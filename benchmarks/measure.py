@@ -214,20 +214,32 @@ def _variant_context(variant: str):
             yield {"dump": dump, "device": xc.device()}
 
 
-def _measure(workload, variant, warmup, iters, ctx):
-    lazy = variant in LAZY
+def program(workload, variant: str, device=None):
+    """(program, block) of ``variant``: the JAX twin, or ``workload``'s torch program on
+    ``device`` (the CPU for eager; step-captured for the +capture variants), its initial
+    transfers done; ``block()`` waits for a step's work. Lazy variants call it with their path
+    active."""
     if variant == "jax":
         prog = jax_twins.twin(workload)
-        block = prog.block
+        return prog, prog.block
+    if variant in CAPTURED:         # xc.compile records the step, then replays it
+        prog = workload.torch_program(device, capture=True)
+        prog.step = xc.compile(prog.step)
     else:
-        if variant in CAPTURED:     # xc.compile records the step, then replays it
-            prog = workload.torch_program(ctx["device"], capture=True)
-            prog.step = xc.compile(prog.step)
-        else:
-            prog = workload.torch_program(ctx.get("device", "cpu"))
-        block = _wait_lazy if lazy else (lambda: None)
-        if lazy:
-            _wait_lazy()   # the initial transfers are not part of any step
+        prog = workload.torch_program(device if variant in LAZY else "cpu")
+    if variant not in LAZY:
+        return prog, _nothing
+    _wait_lazy()       # the initial transfers are not part of any step
+    return prog, _wait_lazy
+
+
+def _nothing() -> None:
+    pass
+
+
+def _measure(workload, variant, warmup, iters, ctx):
+    lazy = variant in LAZY
+    prog, block = program(workload, variant, ctx.get("device"))
 
     ev0, ns0 = (_events.count, _events.seconds), _compile_ns()
     xc0 = metrics.counter("CompileTime")

@@ -29,8 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 import xla_compat as xc
-from benchmarks import jax_twins
-from benchmarks.measure import CAPTURED, LABELS, LAZY, _compare, _error_line, _wait_lazy
+from benchmarks.measure import LABELS, LAZY, _compare, _error_line, program
 
 BOOTSTRAP = 2000
 
@@ -71,18 +70,8 @@ class _Runner:
         self.variant = variant
         self.path = variant.split("+")[0] if variant in LAZY else None
         with self.context():
-            if variant == "jax":
-                self.prog = jax_twins.twin(workload)
-                self.block = self.prog.block
-            elif self.path is not None:
-                self.prog = workload.torch_program(xc.device(), capture=variant in CAPTURED)
-                if variant in CAPTURED:
-                    self.prog.step = xc.compile(self.prog.step)
-                self.block = _wait_lazy
-                _wait_lazy()        # the initial transfers are not part of any step
-            else:
-                self.prog = workload.torch_program("cpu")
-                self.block = _nothing
+            self.prog, self.block = program(workload, variant,
+                                            xc.device() if self.path is not None else None)
 
     def context(self):
         return xc.use_path(self.path) if self.path is not None else contextlib.nullcontext()
@@ -101,10 +90,6 @@ class _Runner:
     def result(self):
         with self.context():
             return self.prog.result()
-
-
-def _nothing() -> None:
-    pass
 
 
 def run(workload, variants, warmup: int, rounds: int, block: int = 4, log=print) -> Paired:
