@@ -44,11 +44,6 @@ def skip(package: str) -> None:
     _hand_over(rules, [package])
 
 
-def skipped() -> list[str]:
-    """The packages handed (or to be handed) to dynamo."""
-    return list(_packages)
-
-
 def _hand_over(rules, packages) -> None:
     for name in packages:
         try:
