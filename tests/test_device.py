@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -171,6 +172,10 @@ def test_transfers_item_tolist_numpy(path, dev):
     assert (x.cpu().numpy() == c.numpy()).all()
     with pytest.raises(TypeError, match=r"Use Tensor.cpu\(\)"):
         x.numpy()  # as for every non-CPU device, on both paths
+    with pytest.raises(TypeError, match=r"Use Tensor.cpu\(\)"):
+        np.asarray(x)  # (numpy() through Tensor.__array__: legacy copied here before session 29)
+    got = x.numpy(force=True)  # copies, as eager's does for a CUDA tensor
+    assert isinstance(got, np.ndarray) and (got == c.numpy()).all()
     assert x.to("cpu").device.type == "cpu"
     assert_same(x.to(torch.float64), c.to(torch.float64))
     assert_same(x.to(dev, torch.int32), c.to(torch.int32), rtol=0, atol=0)

@@ -94,13 +94,13 @@ class LazyTensor(torch.Tensor):
 
     def numpy(self, *, force=False):
         # As for any non-CPU tensor (and on the functional path, whose wrappers are plain
-        # tensors): data leaves the device through .cpu().
+        # tensors): data leaves the device through .cpu(), or through numpy(force=True), which
+        # copies. np.asarray(t) calls numpy() and raises too (torch.Tensor.__array__), as it
+        # does for a CUDA or an XLA tensor and on the functional path.
+        if force:
+            return self.detach().cpu().numpy()
         raise TypeError(f"can't convert {DEVICE} device type tensor to numpy. Use Tensor.cpu() "
                         f"to copy the tensor to host memory first.")
-
-    def __array__(self, dtype=None, copy=None):
-        a = self.detach().cpu().numpy()
-        return a if dtype is None else a.astype(dtype)
 
     def __reduce_ex__(self, proto):
         # torch.save of a device tensor stores CPU data (torch_xla's behaviour).

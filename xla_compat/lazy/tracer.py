@@ -1187,6 +1187,16 @@ def _fallback_message(cls, func, args, forbidden: bool) -> str:
             f"  Set XLA_CPU_FALLBACK=error to make this an error, or see migration_guide/ops.md.")
 
 
+def not_dense_error(doing: str, x: torch.Tensor) -> UnsupportedOpError:
+    """The error for a sparse (or other non-strided) tensor meant for the device, which holds
+    dense arrays only: ``doing`` says what made or moved it (op, path, shapes)."""
+    return UnsupportedOpError(
+        f"xla_compat: {doing} a {x.layout} tensor ({describe([x])}); the hlo device holds dense "
+        f"(torch.strided) tensors only. Keep sparse tensors on the CPU, or call .to_dense() "
+        f"before moving one to the device (an Embedding's sparse=True gradient is dense there "
+        f"already: see migration_guide/ops.md).")
+
+
 def cpu_fallback(cls, func, args, kwargs):
     mode = settings.get().cpu_fallback
     if mode == "error":
@@ -1211,11 +1221,12 @@ def cpu_fallback(cls, func, args, kwargs):
                    else map_nested(v, to_cpu))
                for k, v in kwargs.items()}
     out = func(*cargs, **ckwargs)
+    for x in _flat_tensors(out):
+        if x.layout != torch.strided:
+            raise not_dense_error(f"{func} on the {getattr(cls, 'path_name', 'core')} path "
+                                  f"(input {describe(args)}) ran on the CPU and made", x)
     names, _, _ = mutation_info(func)
-    if names:
-        for lazy, c in lazies.values():
-            # Only arguments the schema says are written come back.
-            pass
+    if names:        # only arguments the schema says are written come back
         bound = bind(func, cargs, ckwargs)
         for n in names:
             vals = bound[n]
@@ -1302,6 +1313,9 @@ def copy_into(dst, src):
     if not isinstance(dst, LazyTensor):
         dst.copy_(materialize_cpu(src))
         return dst
+    if src.layout != torch.strided:
+        raise not_dense_error(f"copying into a {getattr(dst, 'path_name', 'core')}-path tensor "
+                              f"({describe([dst])}) from", src)
     run_meta(aten.copy_.default, (dst, src), {})
     if not isinstance(src, LazyTensor):
         metrics.inc("TransferToDevice")

@@ -306,15 +306,6 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     return out, bag, bag_size, max_idx
 
 
-@lowering(aten._embedding_bag_backward.default, static=True, meta=True)
-def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
-                           num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights,
-                           padding_idx=-1, *, aval):
-    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
-                                        num_weights, scale_grad_by_freq, mode, per_sample_weights,
-                                        padding_idx, aval=aval)
-
-
 @lowering(aten._embedding_bag_dense_backward.default, static=True, meta=True)
 def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, max_idx, num_weights,
                                  scale_freq, mode, psw, padding_idx=-1, *, aval):
