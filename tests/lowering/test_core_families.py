@@ -58,6 +58,16 @@ def test_new_full_fills_with_its_value(size):
 
 # -- elementwise -----------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", [torch.sign, torch.sgn])
+def test_sign_of_nan_and_negative_zero_is_positive_zero_like_eager(op, dtype):
+    # Eager computes (0 < x) - (x < 0): sign(NaN) is 0 and sign(-0.0) is +0.0; jnp.sign keeps
+    # both (found by session 29's API sweep). Subnormals are left out: XLA's CPU flushes them.
+    x = torch.tensor([NAN, -0.0, 0.0, -2.5, 3.0, -INF, INF, 1e-3], dtype=dtype)
+    got, want = op(dev(x)).cpu(), op(x)
+    assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit()), (got, want)
+
+
 @pytest.mark.parametrize("op", [torch.fmod, torch.remainder, torch.floor_divide,
                                 lambda a, b: torch.div(a, b, rounding_mode="trunc"),
                                 lambda a, b: torch.div(a, b, rounding_mode="floor")])

@@ -57,7 +57,11 @@ def abs_(x):
 
 @lowering(aten.sign.default, aten.sgn.default)
 def sign(x):
-    return jnp.sign(x) if x.dtype != jnp.bool_ else x
+    """Eager's ``(0 < x) - (x < 0)`` for real numbers: NaN and -0.0 give +0.0 (jnp.sign keeps
+    both). Complex ``sgn`` is ``x / |x|``."""
+    if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return x if x.dtype == jnp.bool_ else jnp.sign(x)
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
 
 @lowering(aten.floor.default)
