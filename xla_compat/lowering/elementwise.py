@@ -19,9 +19,11 @@ def compute_dtype(dtype):
     return jnp.float32 if dtype in (jnp.bfloat16, jnp.float16) else dtype
 
 
-def _unary(op, fn, *, float_only=False):
+def _unary(op, fn, *, float_only=False, wide=False):
     @lowering(op, meta=True)
     def rule(x, *args, aval, **kwargs):
+        if wide and aval.dtype in _WIDENED:      # in float64, rounded to float32 once (eager's)
+            return cast(cast(fn(cast(x, jnp.float64)), jnp.float32), aval.dtype)
         if float_only or is_float(aval.dtype):
             return cast(fn(cast(x, compute_dtype(aval.dtype))), aval.dtype)
         return fn(x)
@@ -29,8 +31,27 @@ def _unary(op, fn, *, float_only=False):
     return rule
 
 
+def _exp2(x):
+    """2**x as 2**n * 2**(x - n), n = round(x): exact for integers (XLA's exp2 is exp(x ln 2),
+    44 ulps off in float64 at |x| ~ 1000)."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.exp2(x)
+    n = jnp.round(x)
+    frac = jnp.where(jnp.isinf(x), jnp.zeros((), x.dtype), x - n)
+    scale = jnp.clip(jnp.where(jnp.isnan(n), 0, n), -2200, 2200).astype(jnp.int32)
+    return jnp.ldexp(jnp.exp(frac * jnp.asarray(np.log(2.0), x.dtype)), scale)
+
+
+# XLA's float32 versions of these are 6 to 50,000 ulps off in parts of their range (exp2 34 at
+# |x| ~ 100, sinh/cosh 13, erfc 32, erfinv 6, lgamma near its roots; eager's are within one):
+# float32, float16 and bfloat16 inputs compute in float64 and round to float32 once, as eager's
+# float32 kernels (then to the half dtype, as eager's half kernels do from float32).
+_WIDENED = (jnp.float32, jnp.float16, jnp.bfloat16)
+_WIDE_UNARY = {aten.exp2, aten.sinh, aten.cosh, aten.erfc, aten.erfinv, aten.lgamma}
+
+
 _FLOAT_UNARY = {
-    aten.exp: jnp.exp, aten.exp2: jnp.exp2, aten.expm1: jnp.expm1, aten.log: jnp.log,
+    aten.exp: jnp.exp, aten.exp2: _exp2, aten.expm1: jnp.expm1, aten.log: jnp.log,
     aten.log2: jnp.log2, aten.log10: jnp.log10, aten.log1p: jnp.log1p, aten.sqrt: jnp.sqrt,
     aten.rsqrt: lax.rsqrt, aten.sin: jnp.sin, aten.cos: jnp.cos, aten.tan: jnp.tan,
     aten.asin: jnp.arcsin, aten.acos: jnp.arccos, aten.atan: jnp.arctan, aten.sinh: jnp.sinh,
@@ -42,7 +63,7 @@ _FLOAT_UNARY = {
     aten.sinc: jnp.sinc, aten.deg2rad: jnp.deg2rad, aten.rad2deg: jnp.rad2deg,
 }
 for _op, _fn in _FLOAT_UNARY.items():
-    _unary(_op.default, _fn, float_only=True)
+    _unary(_op.default, _fn, float_only=True, wide=_op in _WIDE_UNARY)
 
 
 @lowering(aten.neg.default, aten.negative.default)
