@@ -50,6 +50,18 @@ def test_erfcx_large_arguments_where_jax_float32_loses_the_value():
     assert_same(S.erfcx(dev(x)), S.erfcx(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_erfcx_and_log_ndtr_where_jax_float64_loses_the_value(dtype):
+    # jax's float64 erfcx returns 0 on [26.54, 26.64] (session 29's accuracy sweep): erfcx was
+    # 0 there and log_ndtr -inf on [-37.68, -37.54]; the asymptotic series takes over above 20.
+    x = torch.linspace(26.4, 26.8, 81, dtype=dtype)
+    assert_same(S.erfcx(dev(x)), S.erfcx(x), rtol=1e-6 if dtype == torch.float32 else 1e-13)
+    assert_same(S.log_ndtr(dev(-x * 2 ** 0.5)), S.log_ndtr(-x * 2 ** 0.5),
+                rtol=1e-6 if dtype == torch.float32 else 1e-13)
+    big = torch.tensor([20.0, 20.5, 1e3, 1e8, 1e200, INF], dtype=torch.float64)
+    assert_same(S.erfcx(dev(big)), S.erfcx(big), rtol=1e-14, atol=0)
+
+
 def test_xlog1py_zero_times_log_and_nan():
     x = torch.tensor([0., 0., 2., -1., 3., NAN])
     y = torch.tensor([-1., NAN, 0.5, -2., INF, 1.])
