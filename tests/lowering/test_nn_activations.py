@@ -62,6 +62,19 @@ def test_activation_and_gradient(fn):
     check(fn, _x(6, 4))
 
 
+@pytest.mark.parametrize("fn", [torch.relu, F.hardshrink, F.softshrink, F.tanhshrink, F.leaky_relu,
+                                F.silu, F.mish, F.softplus, F.hardtanh],
+                         ids=lambda f: f.__name__)
+def test_activations_of_nan_and_signed_zeros_are_eagers(fn):
+    # Session 29's sweep: softshrink(NaN) was 0 and relu(-0.0) +0.0 (eager: NaN and -0.0).
+    # (Not gelu: eager's own gelu(inf) is inf for a 1-element tensor and NaN in its vector loop.)
+    x = torch.tensor([float("nan"), -0.0, 0.0, float("inf"), -float("inf"), -1.0, 1.0])
+    got, want = fn(x.to(xc.device())).cpu(), fn(x)
+    assert torch.equal(got.isnan(), want.isnan()), (got, want)
+    assert torch.allclose(got.nan_to_num(), want.nan_to_num(), rtol=1e-6, atol=1e-7), (got, want)
+    assert torch.equal(got.signbit() & (got == 0), want.signbit() & (want == 0)), (got, want)
+
+
 def test_elu_backward_through_the_result():
     # In-place elu saves its result, so the backward op takes the is_result branch.
     check(lambda x: F.elu(x * 1.0, alpha=1.3, inplace=True), _x(4, 4))

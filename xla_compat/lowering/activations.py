@@ -159,7 +159,8 @@ def hardshrink_backward(grad, x, lambd, *, aval):
 @lowering(aten.softshrink.default, meta=True)
 def softshrink(x, lambd=0.5, *, aval):
     (l,) = to(aval.dtype, lambd)
-    return jnp.where(x > l, x - l, jnp.where(x < -l, x + l, _zero(aval.dtype)))
+    # eager's kernel: x > l ? x - l : (x < -l ? x + l : x * 0), so NaN stays NaN and -0.0 -0.0
+    return jnp.where(x > l, x - l, jnp.where(x < -l, x + l, x * _zero(aval.dtype)))
 
 
 @lowering(aten.softshrink_backward.default, meta=True)

@@ -543,7 +543,8 @@ def zero(x, *, aval):
 
 @lowering(aten.relu.default)
 def relu(x):
-    return jnp.maximum(x, jnp.zeros((), x.dtype)) if x.dtype != jnp.bool_ else x
+    """-0.0 stays -0.0 and NaN stays NaN, as in eager (jnp.maximum(-0.0, 0) is +0.0)."""
+    return jnp.where(x < 0, jnp.zeros((), x.dtype), x) if x.dtype != jnp.bool_ else x
 
 
 @lowering(aten.threshold.default, meta=True)
