@@ -54,6 +54,16 @@ def test_nextafter_and_ldexp():
     assert_same(torch.ldexp(dev(e), dev(e)), torch.ldexp(e, e))   # ints promote to float
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ldexp_with_an_integer_exponent_scales_exactly_and_a_float_one_overflows_as_eager(dtype):
+    # Eager scales exactly by an integer exponent (1e-30 * 2**200 is finite, 0 * 2**200 is 0);
+    # the device computed x * 2.0**e, which overflowed to inf (and 0 * inf to NaN).
+    x = torch.tensor([0.0, float("inf"), 3.0, 1e-30, 1e30, float("nan"), -0.0], dtype=dtype)
+    e = torch.tensor([200, -200, 5, 200, -200, 0, 3000])
+    assert_same(torch.ldexp(dev(x), dev(e)), torch.ldexp(x, e), rtol=0, atol=0)
+    assert_same(torch.ldexp(dev(x), dev(e.to(dtype))), torch.ldexp(x, e.to(dtype)), rtol=0, atol=0)
+
+
 def test_complex_polar_angle():
     re, im = torch.randn(3, 4), torch.randn(4)
     assert_same(torch.complex(dev(re), dev(im)), torch.complex(re, im))

@@ -107,7 +107,13 @@ def frexp(x):
 
 @lowering(aten.ldexp.Tensor, meta=True)
 def ldexp(x, other, *, aval):
-    # eager: self * pow(2.0, other), in the promoted float dtype.
+    # eager: an integer exponent scales exactly (1e-30 * 2**200 is 1.6e30, 0 * 2**200 is 0);
+    # a float one is self * pow(2.0, other) in the promoted float dtype (2**200 overflows).
+    other = jnp.asarray(other)
+    if jnp.issubdtype(other.dtype, jnp.integer) and not jnp.issubdtype(aval.dtype,
+                                                                        jnp.complexfloating):
+        exponent = jnp.clip(other.astype(jnp.int64), -100000, 100000).astype(jnp.int32)
+        return jnp.ldexp(cast(x, aval.dtype), exponent)
     x, other = to(aval.dtype, x, other)
     return x * jnp.power(jnp.asarray(2, aval.dtype), other)
 
