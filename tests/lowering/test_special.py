@@ -62,6 +62,14 @@ def test_erfcx_and_log_ndtr_where_jax_float64_loses_the_value(dtype):
     assert_same(S.erfcx(dev(big)), S.erfcx(big), rtol=1e-14, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_zeta_of_huge_and_infinite_x_is_eagers(dtype):
+    # jax's zeta is NaN above x ~ 1e20; eager's series stops at q**-x (session 29's sweep).
+    x = torch.tensor([INF, INF, INF, 1e6, 1e6, 3.4e38, 3.4e38, 1e30, 1e11, 1e11], dtype=dtype)
+    q = torch.tensor([1.0, 0.5, 2.0, 2.0, 0.9, 1.0, 0.5, 1.0, 2.0, 0.999], dtype=dtype)
+    assert_same(S.zeta(dev(x), dev(q)), S.zeta(x, q))
+
+
 def test_xlog1py_zero_times_log_and_nan():
     x = torch.tensor([0., 0., 2., -1., 3., NAN])
     y = torch.tensor([-1., NAN, 0.5, -2., INF, 1.])

@@ -333,8 +333,11 @@ def xlog1py(x, y, *, aval):
 
 def _zeta(x, q):
     """Hurwitz zeta as Math.h's ``zeta`` (Euler-Maclaurin), with its domain rules."""
-    # jax's zeta gives nan for q <= 0; eager sums its series from q there (integer x only).
+    # jax's zeta gives nan for q <= 0, where eager sums its series from q (integer x only), and
+    # for x above ~1e20 or infinite, where eager's series stops at its first term: q**-x is 1
+    # for q = 1, inf below (nan for q > 1 and x = inf, as eager's Euler-Maclaurin step gives).
     series = (q <= 0) & (q != jnp.floor(q)) & (x == jnp.floor(x)) & (x > 1) & jnp.isfinite(q)
+    series = series | ((x > 1e10) & (q > 0) & jnp.isfinite(q))
     out = jsp.zeta(x, q)
     out = jnp.where(series, _zeta_series(jnp.where(series, x, 2), jnp.where(series, q, -0.5)), out)
     bad_q = (q <= 0) & (q == jnp.floor(q))
