@@ -252,6 +252,32 @@ def test_out_of_range_index_raises_like_cpu_and_leaves_the_tensor_intact(path, d
         assert torch.equal(out.cpu(), expected_out)
 
 
+# Class indices on the device (session 29's sweep: an out-of-range embedding index read NaN rows,
+# an out-of-range target made cross_entropy NaN and nll_loss a garbage number, silently).
+TARGETS = {
+    "embedding": (lambda x, i: torch.nn.functional.embedding(i, x), torch.tensor([[1, 3]])),
+    "cross_entropy": (lambda x, i: torch.nn.functional.cross_entropy(x, i),
+                      torch.tensor([0, 4, 1])),
+    "nll_loss ignore_index": (lambda x, i: torch.nn.functional.nll_loss(x, i),
+                              torch.tensor([-100, -2, 3])),
+    "cross_entropy 2-d": (lambda x, i: torch.nn.functional.cross_entropy(x.reshape(1, 3, 2, 2), i),
+                          torch.tensor([[[0, 2], [3, -100]]])),
+}
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_an_out_of_range_class_index_on_the_device_raises_like_cpu(path, dev, name):
+    fn, idx = TARGETS[name]
+    expected = cpu_error(fn, BASE.clone(), idx)
+    x, i = BASE.to(dev), idx.to(dev)
+    xc.sync()                     # the indices' values are known on the host: checked there
+    with pytest.raises(type(expected)) as err:
+        fn(x, i)
+    assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]   # eager's own words
+    valid = torch.where(idx == -100, idx, idx.clamp(0, 1))   # ignore_index itself is allowed
+    assert torch.allclose(fn(x, valid.to(dev)).cpu(), fn(BASE.clone(), valid))
+
+
 @pytest.mark.parametrize("name", ["gather", "index_select"])
 def test_out_of_range_index_error_names_the_op(path, dev, name):
     fn, idx = INDEXERS[name]

@@ -3,7 +3,9 @@
 These are tracer special handlers, not lowering rules, because they look at index *values*:
 
 - Bounds: an index whose values are already known on the host (a CPU tensor, or device data
-  that is already materialised) is checked like CPU eager checks it; an out-of-range index
+  that is already materialised) is checked like CPU eager checks it (the indexing, gather,
+  scatter, index_*, take/put and embedding ops, and nll_loss targets, whose ignore_index is
+  allowed); an out-of-range index
   re-runs the op on the CPU so the error is eager's own (type and message). An index that is
   still pending IR cannot be checked without running its graph; it is not checked (gathers then
   clamp and scatters drop the write), as on torch_xla.
@@ -95,12 +97,20 @@ def _known_range(t) -> tuple[int, int] | None:
     return hit
 
 
-def _in_range(t, size: int, negative_ok: bool) -> bool:
+def _in_range(t, size: int, negative_ok: bool, ignore=None) -> bool:
+    """Are ``t``'s known values valid indices into ``size`` elements (values equal to
+    ``ignore``, a loss's ignore_index, left out)? True where they are not known."""
     r = _known_range(t)
     if r is None:
         return True
     lo, hi = r
-    return hi < size and lo >= (-size if negative_ok else 0)
+    if hi < size and lo >= (-size if negative_ok else 0):
+        return True
+    if ignore is None or not lo <= ignore <= hi:
+        return False
+    a = np.asarray(t._value.node.array) if isinstance(t, LazyTensor) else t.numpy()
+    rest = a[a != ignore]
+    return rest.size == 0 or (int(rest.max()) < size and int(rest.min()) >= 0)
 
 
 def _cpu_copy(x):
@@ -139,6 +149,17 @@ def _flat_spec(b):
     return [(b["index"], b["self"].numel(), True)]
 
 
+def _embedding_spec(b):
+    return [(b["indices"], _size(b["weight"], 0), False)]
+
+
+def _target_spec(b):
+    """nll_loss(2d): a target names a class of ``self``'s dim 1 (dim 0 when it is 1-d), or is
+    ignore_index."""
+    x = b["self"]
+    return [(b["target"], _size(x, 1 if x.dim() > 1 else 0), False, b.get("ignore_index", -100))]
+
+
 _CHECKS = {}
 for _ops, _spec in [
     ((aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter.reduce,
@@ -151,6 +172,8 @@ for _ops, _spec in [
     ((aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, aten.index_fill_.int_Scalar,
       aten.index_fill_.int_Tensor), _dim_spec(True)),
     ((aten.take.default, aten.put.default, aten.put_.default), _flat_spec),
+    ((aten.embedding.default,), _embedding_spec),
+    ((aten.nll_loss_forward.default, aten.nll_loss2d_forward.default), _target_spec),
 ]:
     for _op in _ops:
         _CHECKS[_op] = _spec
@@ -169,8 +192,8 @@ def _checked(cls, func, args, kwargs):
     if isinstance(index, torch.Tensor) and index.dtype is not torch.int64 and (
             index.dtype is not torch.int32 or func in _LONG_ONLY):
         raise_like_cpu(func, args, kwargs)
-    for index, size, negative_ok in _CHECKS[func](bound):
-        if isinstance(index, torch.Tensor) and not _in_range(index, size, negative_ok):
+    for index, size, negative_ok, *ignore in _CHECKS[func](bound):
+        if isinstance(index, torch.Tensor) and not _in_range(index, size, negative_ok, *ignore):
             raise_like_cpu(func, args, kwargs)
     return trace_rule(cls, func, args, kwargs)
 
