@@ -7,11 +7,12 @@ Adagrad) update the same rows by the same amounts from it; ``SparseAdam`` refuse
 ``Adam``). Before this, ``embedding``'s composite backward built the sparse tensor on the CPU
 and the process aborted (legacy) or autograd raised a bare SystemError (functional).
 
-- ``embedding_backward`` is a composite that autograd would decompose into the sparse
-  construction: a kernel at AutogradPrivateUse1 (and the tracer's handler of the op, which it
-  reaches whole in inference mode) calls ``embedding_dense_backward`` instead.
-- ``_embedding_bag_backward`` reaches the tracer whole: its handler calls
-  ``_embedding_bag_dense_backward``.
+Both backward ops get a kernel at AutogradPrivateUse1 that calls the dense backward op instead
+(and the same as the tracer's handler, for inference mode, where the op reaches the tracer
+whole): ``embedding_backward`` is a composite that autograd would decompose into the sparse
+construction. The checks sit at the autograd key, not in the tracer, because an exception raised
+while ``_embedding_bag_backward`` is in Python dispatch aborts the process ("terminate called
+without an active exception"; measured on torch 2.13, both paths).
 """
 from __future__ import annotations
 
