@@ -278,6 +278,23 @@ def test_an_out_of_range_class_index_on_the_device_raises_like_cpu(path, dev, na
     assert torch.allclose(fn(x, valid.to(dev)).cpu(), fn(BASE.clone(), valid))
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["masked_scatter", "masked_scatter_"])
+def test_masked_scatter_with_a_short_source_raises_like_cpu_and_leaves_the_tensor(path, dev,
+                                                                                  in_place):
+    # Session 29's sweep: the device repeated the source's last element instead of raising.
+    mask = torch.tensor([True, False, True, True])          # broadcast over BASE's 3 rows: 9
+    fn = (lambda x, m, s: x.masked_scatter_(m, s)) if in_place else torch.Tensor.masked_scatter
+    expected = cpu_error(fn, BASE.clone(), mask, torch.ones(8))
+    x, m = BASE.to(dev), mask.to(dev)
+    xc.sync()                     # the mask's values are known on the host: checked there
+    with pytest.raises(type(expected)) as err:
+        fn(x, m, torch.ones(8).to(dev))
+    assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
+    assert torch.equal(x.cpu(), BASE)
+    source = torch.arange(9.0)
+    assert torch.equal(fn(x, m, source.to(dev)).cpu(), fn(BASE.clone(), mask, source))
+
+
 @pytest.mark.parametrize("name", ["gather", "index_select"])
 def test_out_of_range_index_error_names_the_op(path, dev, name):
     fn, idx = INDEXERS[name]

@@ -4,8 +4,8 @@ These are tracer special handlers, not lowering rules, because they look at inde
 
 - Bounds: an index whose values are already known on the host (a CPU tensor, or device data
   that is already materialised) is checked like CPU eager checks it (the indexing, gather,
-  scatter, index_*, take/put and embedding ops, and nll_loss targets, whose ignore_index is
-  allowed); an out-of-range index
+  scatter, index_*, take/put and embedding ops, nll_loss targets, whose ignore_index is
+  allowed, and a masked_scatter mask against its source's size); an out-of-range index
   re-runs the op on the CPU so the error is eager's own (type and message). An index that is
   still pending IR cannot be checked without running its graph; it is not checked (gathers then
   clamp and scatters drop the write), as on torch_xla.
@@ -199,6 +199,31 @@ def _checked(cls, func, args, kwargs):
 
 
 tracer.special(*_CHECKS)(_checked)
+
+
+def _known_count(mask, shape) -> int | None:
+    """How many elements of ``shape`` a boolean ``mask`` (broadcast to it) selects, where its
+    values are on the host without running anything; else None."""
+    if not isinstance(mask, LazyTensor):
+        return int(mask.expand(shape).sum())
+    node = mask._value.node
+    if type(node) is not DeviceData:
+        return None
+    return int(np.broadcast_to(np.asarray(node.array), tuple(shape)).sum())
+
+
+@tracer.special(aten.masked_scatter.default, aten.masked_scatter_.default)
+def _masked_scatter(cls, func, args, kwargs):
+    """Eager refuses a source with fewer elements than the mask selects; a mask known on the
+    host is checked here (a pending one is not: the device then repeats the last element)."""
+    b = tracer.bind(func, args, kwargs)
+    x, mask, source = b["self"], b["mask"], b["source"]
+    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+        shape = torch.broadcast_shapes(x.shape, mask.shape)
+        n = _known_count(mask, shape)
+        if n is not None and n > source.numel():
+            raise_like_cpu(func, args, kwargs)
+    return trace_rule(cls, func, args, kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
