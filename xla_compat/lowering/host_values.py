@@ -80,6 +80,15 @@ def _meta(shape, dtype=torch.int64):
 _ranges: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def _known_values(t) -> np.ndarray | None:
+    """``t``'s values where they are on the host without running anything (a CPU tensor, or
+    materialised device data), else None."""
+    if not isinstance(t, LazyTensor):
+        return t.numpy()
+    node = t._value.node
+    return np.asarray(node.array) if type(node) is DeviceData else None
+
+
 def _known_range(t) -> tuple[int, int] | None:
     """(min, max) of an index whose values are on the host without running anything, else None."""
     if t is None or t.numel() == 0 or t.dtype == torch.bool:
@@ -92,7 +101,7 @@ def _known_range(t) -> tuple[int, int] | None:
     hit = _ranges.get(node)
     if hit is None:
         metrics.inc("IndexBoundsCheck")
-        a = np.asarray(node.array)
+        a = _known_values(t)
         hit = _ranges[node] = (int(a.min()), int(a.max()))
     return hit
 
@@ -108,7 +117,7 @@ def _in_range(t, size: int, negative_ok: bool, ignore=None) -> bool:
         return True
     if ignore is None or not lo <= ignore <= hi:
         return False
-    a = np.asarray(t._value.node.array) if isinstance(t, LazyTensor) else t.numpy()
+    a = _known_values(t)          # (known: _known_range found its range)
     rest = a[a != ignore]
     return rest.size == 0 or (int(rest.max()) < size and int(rest.min()) >= 0)
 
@@ -204,12 +213,8 @@ tracer.special(*_CHECKS)(_checked)
 def _known_count(mask, shape) -> int | None:
     """How many elements of ``shape`` a boolean ``mask`` (broadcast to it) selects, where its
     values are on the host without running anything; else None."""
-    if not isinstance(mask, LazyTensor):
-        return int(mask.expand(shape).sum())
-    node = mask._value.node
-    if type(node) is not DeviceData:
-        return None
-    return int(np.broadcast_to(np.asarray(node.array), tuple(shape)).sum())
+    a = _known_values(mask)
+    return None if a is None else int(np.broadcast_to(a, tuple(shape)).sum())
 
 
 @tracer.special(aten.masked_scatter.default, aten.masked_scatter_.default)
