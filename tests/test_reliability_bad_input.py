@@ -16,7 +16,7 @@ from xla_compat.lazy.tracer import PathMixError
 from xla_compat.lowering import registry
 from xla_compat.settings import SettingError, Settings
 
-from .conftest import cyclic_garbage
+from .conftest import assert_same, cyclic_garbage
 
 aten = torch.ops.aten
 BASE = torch.arange(12.).reshape(3, 4)
@@ -295,6 +295,32 @@ def test_masked_scatter_with_a_short_source_raises_like_cpu_and_leaves_the_tenso
     assert torch.equal(fn(x, m, source.to(dev)).cpu(), fn(BASE.clone(), mask, source))
 
 
+INT_DIVISIONS = {
+    "floor_divide": lambda x, d: x // d,
+    "floor_divide_": lambda x, d: x.floor_divide_(d),
+    "remainder": lambda x, d: x % d,
+    "remainder_": lambda x, d: x.remainder_(d),
+    "fmod": lambda x, d: torch.fmod(x, d),
+    "fmod_": lambda x, d: x.fmod_(d),
+    "div": lambda x, d: torch.div(x, d, rounding_mode="floor"),
+    "div_": lambda x, d: x.div_(d, rounding_mode="trunc"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8], ids=["int64", "uint8"])
+@pytest.mark.parametrize("name", list(INT_DIVISIONS))
+def test_integer_division_by_a_zero_number_raises_like_cpu(path, dev, name, dtype):
+    # Session 30's sweep: XLA gave -1 (quotients) or the dividend (remainders) without a word.
+    fn = INT_DIVISIONS[name]
+    x = torch.tensor([7, 3, 0], dtype=dtype)
+    err = check_like_cpu(fn, (x.clone(), 0), (x.to(dev), 0), [f"aten.{name}."])
+    assert str(err).splitlines()[0] == "ZeroDivisionError"
+    # the same op with another divisor, and a float divisor of zero, still compute as eager does
+    for d in (2, 0.0) if not name.endswith("_") else (2,):
+        assert_same(fn(x.to(dev), d), fn(x.clone(), d))
+    assert_same(fn(x[:0].to(dev), 0), fn(x[:0].clone(), 0))   # nothing to divide
+
+
 @pytest.mark.parametrize("name", ["gather", "index_select"])
 def test_out_of_range_index_error_names_the_op(path, dev, name):
     fn, idx = INDEXERS[name]
@@ -412,3 +438,21 @@ def test_malformed_dispatch_settings_never_raise_and_are_recorded_for_config_err
     assert s.use_functionalization is None and s.rollout_percentage is None
     assert len(s.dispatch_errors) == 2
     assert any("XLA_ROLLOUT_PERCENTAGE" in e for e in s.dispatch_errors)
+
+
+@pytest.mark.parametrize("fn,op", [
+    (lambda x: x.half() + 1j, "aten.add.Tensor"),       # promotes to complex32
+    (lambda x: x.to(torch.complex32), "aten._to_copy"),
+    (lambda x: x.to(torch.float8_e4m3fn), "aten._to_copy"),
+], ids=["promotes to complex32", "to complex32", "to float8"])
+def test_a_dtype_the_device_lacks_raises_unsupported_dtype_naming_the_op(path, dev, fn, op):
+    # Was a TypeError, which torch's binary operators turn into NotImplemented: Python then said
+    # "unsupported operand type(s) for +: 'Tensor' and 'complex'", naming neither dtype nor op.
+    x = BASE.to(dev)
+    with pytest.raises(xc.UnsupportedDtypeError) as err:
+        fn(x)
+    assert isinstance(err.value, xc.UnsupportedOpError)
+    message = str(err.value)
+    assert op in message and "not supported on the hlo device" in message
+    assert "convert to a supported dtype" in message
+    assert torch.equal(x.cpu(), BASE)

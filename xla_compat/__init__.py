@@ -21,7 +21,8 @@ from .lazy import rng as _rng
 from . import dualrun as _dualrun
 from .dualrun import MismatchError, dual_run, dual_run_step, lockstep
 from .lazy.tensor import LazyTensor
-from .lazy.tracer import LoweringError, UnsupportedOpError
+from .errors import UnsupportedDtypeError, UnsupportedOpError
+from .lazy.tracer import LoweringError
 from .distributed.spmd import Mesh, clear_sharding, mark_sharding
 from .capture import CapturedStep, compile
 
@@ -85,7 +86,7 @@ def wait_device_ops() -> None:
 
 
 __all__ = ["device", "sync", "mark_step", "hlo_text", "manual_seed", "metrics", "LazyTensor",
-           "LoweringError", "UnsupportedOpError", "wait_device_ops", "path", "explain", "use_path",
+           "LoweringError", "UnsupportedOpError", "UnsupportedDtypeError", "wait_device_ops", "path", "explain", "use_path",
            "to_path", "PathUnavailableError", "dual_run", "dual_run_step", "lockstep",
            "MismatchError", "Mesh", "mark_sharding", "clear_sharding", "compile", "CapturedStep",
            "storage_id", "shares_storage"]

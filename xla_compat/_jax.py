@@ -10,6 +10,8 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from .errors import UnsupportedDtypeError  # noqa: E402
+
 _TORCH_TO_JAX = {
     torch.float32: jnp.float32,
     torch.float64: jnp.float64,
@@ -39,7 +41,10 @@ def to_jax_dtype(dtype: torch.dtype):
     try:
         return _TORCH_TO_JAX[dtype]
     except KeyError:
-        raise TypeError(f"xla_compat: dtype {dtype} is not supported on the hlo device") from None
+        raise UnsupportedDtypeError(
+            f"xla_compat: dtype {dtype} is not supported on the hlo device; convert to a "
+            f"supported dtype first (complex32: complex64; the float8 types: float16 or "
+            f"bfloat16)") from None
 
 
 def to_torch_dtype(dtype) -> torch.dtype:

@@ -23,8 +23,8 @@ SKIP_OPS: dict[str, str] = {
                  "only the strided layout)",
     "sparse.sampled_addmm": "takes and returns sparse CSR tensors; XLA arrays are dense",
     "sparse.mm.reduce": "takes a sparse CSR operand; XLA arrays are dense",
-    "chalf": "converts to complex32 (chalf), a dtype XLA does not have (the device raises a "
-             "TypeError naming it)",
+    "chalf": "converts to complex32 (chalf), a dtype XLA does not have (the device raises an "
+             "UnsupportedDtypeError naming it)",
 }
 
 # -- random ops: compared by shape, dtype and statistics -------------------------------------------

@@ -18,6 +18,7 @@ import torch
 from torch._decomp import core_aten_decompositions
 
 from .. import _jax, metrics, settings
+from ..errors import UnsupportedDtypeError, UnsupportedOpError  # noqa: F401 (re-exported)
 from ..lowering import registry
 from . import ir
 from .ir import Aval, DeviceData, Node, ScalarParam, Slot, Value
@@ -25,10 +26,6 @@ from . import tensor as _tensor
 from .tensor import DEVICE, LazyTensor, lock
 
 aten = torch.ops.aten
-
-
-class UnsupportedOpError(NotImplementedError):
-    """An op with no lowering while CPU fallback is disabled."""
 
 
 class LoweringError(RuntimeError):
@@ -216,7 +213,10 @@ def make_node(func, rule: registry.Rule, args, kwargs, out_metas) -> Node:
     """A node applying ``rule`` to ``args``; its outputs are described by ``out_metas``."""
     tb = _Template(func, lift=not rule.static)
     targs, tkwargs = tb.build(args, kwargs)
-    avals = _avals(out_metas)
+    try:
+        avals = _avals(out_metas)
+    except UnsupportedDtypeError as e:
+        raise UnsupportedDtypeError(f"{e} (in {func}, inputs {describe(args)})") from None
     inputs = tb.inputs
     if rule.random:
         from . import rng
@@ -1290,8 +1290,10 @@ def _to_copy(cls, func, args, kwargs):
         cpu = materialize_cpu(x)
         return cpu.to(dtype) if cpu.dtype != dtype else cpu
     if not _jax.supported(dtype):
-        raise TypeError(f"xla_compat: dtype {dtype} is not supported on the hlo device "
-                        f"(in {func}, input {describe(args)})")
+        try:
+            _jax.to_jax_dtype(dtype)
+        except UnsupportedDtypeError as e:
+            raise UnsupportedDtypeError(f"{e} (in {func}, input {describe(args)})") from None
     rule = registry.lookup(func)
     meta_out = run_meta(func, args, {k: v for k, v in kwargs.items() if k != "device"})
     node = make_node(func, rule, args, {"dtype": dtype}, [meta_out])

@@ -149,6 +149,35 @@ def _is_bool(x) -> bool:
     return (isinstance(x, torch.Tensor) and x.dtype == torch.bool) or type(x) is bool
 
 
+# -- integer division by a zero number ------------------------------------------------------------
+# Eager's integer kernels raise "ZeroDivisionError" for a zero divisor; XLA gives -1 (quotients)
+# or the dividend (remainders), as CUDA does. A Python-number divisor is known when the op is
+# traced (the meta cache and the plans key numbers by value, so this runs for each distinct one);
+# a tensor divisor's values are not (a sync per division), and are not checked.
+
+# (Python dispatch hands a wrapped number to the Tensor overloads as a number, too.)
+_INTEGER_DIVISIONS = _overloads(aten.floor_divide, aten.floor_divide_, aten.remainder,
+                                aten.remainder_, aten.fmod, aten.fmod_, aten.div, aten.div_)
+
+
+@tracer.eager_check(*_INTEGER_DIVISIONS)
+def _integer_zero_divisor(func, b):
+    x, other = b.get("self"), b.get("other")
+    if not (isinstance(x, torch.Tensor) and type(other) in (int, bool) and other == 0
+            and x.numel() > 0):
+        return
+    if func._schema.name in ("aten::div", "aten::div_") and b.get("rounding_mode") is None:
+        return                    # true division: a float result, inf or nan
+    dtype = _computed_in(b, other)
+    if dtype.is_floating_point or dtype.is_complex:
+        return
+    rest = {k: v for k, v in b.items() if k not in ("self", "other")}
+    try:                          # eager's own error, from a one-element tensor of x's dtype
+        func(torch.ones(1, dtype=x.dtype), other, **rest)
+    except RuntimeError as e:
+        _raise(func, b, str(e))
+
+
 @tracer.eager_check(aten.clamp.default, aten.clamp_.default)
 def _bounds_fit(func, b):
     if isinstance(b.get("self"), torch.Tensor):
