@@ -3,7 +3,7 @@ PIP     := .venv/bin/pip
 JOBS    ?= 2
 CAP     ?= 8
 
-.PHONY: demo test test-slow conformance bench fuzz clean
+.PHONY: demo test test-slow conformance conformance-grads bench fuzz clean
 
 .venv: constraints.txt pyproject.toml
 	python3 -m venv .venv
@@ -24,6 +24,10 @@ test-slow: .venv
 
 conformance: .venv
 	$(PY) -m tests.conformance.run --full --paths legacy,functional --cap $(CAP) --jobs $(JOBS)
+
+# Gradients of the OpInfo samples (conformance compares forward results only).
+conformance-grads: .venv
+	$(PY) -m tests.conformance.grads --paths legacy,functional --out tests/conformance/GRADS.md
 
 fuzz: .venv
 	$(PY) -m tests.fuzz.run --examples 20000 --out tests/fuzz/LAST_RUN.md
