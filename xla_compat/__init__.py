@@ -86,7 +86,7 @@ def wait_device_ops() -> None:
 
 
 __all__ = ["device", "sync", "mark_step", "hlo_text", "manual_seed", "metrics", "LazyTensor",
-           "LoweringError", "UnsupportedOpError", "UnsupportedDtypeError", "wait_device_ops", "path", "explain", "use_path",
-           "to_path", "PathUnavailableError", "dual_run", "dual_run_step", "lockstep",
-           "MismatchError", "Mesh", "mark_sharding", "clear_sharding", "compile", "CapturedStep",
-           "storage_id", "shares_storage"]
+           "LoweringError", "UnsupportedOpError", "UnsupportedDtypeError", "wait_device_ops",
+           "path", "explain", "use_path", "to_path", "PathUnavailableError", "dual_run",
+           "dual_run_step", "lockstep", "MismatchError", "Mesh", "mark_sharding",
+           "clear_sharding", "compile", "CapturedStep", "storage_id", "shares_storage"]

@@ -10,5 +10,6 @@ class UnsupportedOpError(NotImplementedError):
 
 class UnsupportedDtypeError(UnsupportedOpError):
     """A dtype the device does not hold (``complex32``, which XLA lacks; the float8 types): names
-    the op and its inputs where an op asked for it. Not a ``TypeError``: torch's binary operators turn a ``TypeError``
-    into ``NotImplemented`` and Python then reports an unrelated "unsupported operand type(s)"."""
+    the op and its inputs where an op asked for it. Not a ``TypeError``: torch's binary operators
+    turn a ``TypeError`` into ``NotImplemented``, and Python then reports an unrelated
+    "unsupported operand type(s)"."""

@@ -155,9 +155,12 @@ def _is_bool(x) -> bool:
 # traced (the meta cache and the plans key numbers by value, so this runs for each distinct one);
 # a tensor divisor's values are not (a sync per division), and are not checked.
 
-# (Python dispatch hands a wrapped number to the Tensor overloads as a number, too.)
-_INTEGER_DIVISIONS = _overloads(aten.floor_divide, aten.floor_divide_, aten.remainder,
-                                aten.remainder_, aten.fmod, aten.fmod_, aten.div, aten.div_)
+# (Python dispatch hands a wrapped number to the Tensor overloads as a number, too; the out=
+# overloads are left out: the check calls the op without an out tensor.)
+_INTEGER_DIVISIONS = [op for op in _overloads(aten.floor_divide, aten.floor_divide_,
+                                              aten.remainder, aten.remainder_, aten.fmod,
+                                              aten.fmod_, aten.div, aten.div_)
+                      if not any(a.is_out for a in op._schema.arguments)]
 
 
 @tracer.eager_check(*_INTEGER_DIVISIONS)
