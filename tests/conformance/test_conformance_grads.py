@@ -14,6 +14,9 @@ from xla_compat.lowering import registry
 from . import grads, harness
 
 aten = torch.ops.aten
+# The backward formulas run as device ops through the lowering rules both paths share: make test
+# runs each op's case on one path (alternating), make test-slow the other (tests/sampling.py).
+ALTERNATE_PATHS = True
 # Each op's backward runs other aten ops: pooling's window scatter, conv's transposed conv,
 # norms' reductions, indexing's scatter-add, cumulative ops' flips, eigh's gauge-free loss.
 SLICE = ("sin", "nn.functional.softplus", "nn.functional.conv2d", "nn.functional.max_pool2d",
