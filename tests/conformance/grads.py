@@ -154,8 +154,9 @@ def run_op(op, path: str, cap: int = 2) -> harness.Tally:
     gauge_free = name in skips.SIGN_ALIGNED
     start = time.perf_counter()
     for sample in samples:
-        if skips.skip_sample(name, "", DTYPE, sample) is not None:
-            harness._count(tally, "skip", skips.skip_sample(name, "", DTYPE, sample), {})
+        why = skips.skip_sample(name, "", DTYPE, sample)
+        if why is not None:
+            harness._count(tally, "skip", why, {})
             continue
         try:
             want = gradients(op, sample, "cpu", gauge_free=gauge_free)
