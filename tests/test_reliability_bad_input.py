@@ -456,3 +456,12 @@ def test_a_dtype_the_device_lacks_raises_unsupported_dtype_naming_the_op(path, d
     assert op in message and "not supported on the hlo device" in message
     assert "convert to a supported dtype" in message
     assert torch.equal(x.cpu(), BASE)
+
+
+@pytest.mark.parametrize("shape,dim", [((0,), 0), ((0, 3), 0), ((2, 0, 4), 1)])
+def test_nanmedian_over_an_empty_dim_raises_like_cpu(path, dev, shape, dim):
+    # Session 30's sweep: the device returned zeros and index 0 where eager raises IndexError.
+    fn = lambda x: torch.nanmedian(x, dim)
+    err = check_like_cpu(fn, (torch.ones(shape),), (torch.ones(shape).to(dev),), ["nanmedian"])
+    assert "Expected reduction dim" in str(err)
+    assert_same(torch.nanmedian(torch.ones(0, 3).to(dev), 1), torch.nanmedian(torch.ones(0, 3), 1))

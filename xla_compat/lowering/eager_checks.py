@@ -181,6 +181,20 @@ def _integer_zero_divisor(func, b):
         _raise(func, b, str(e))
 
 
+@tracer.eager_check(aten.nanmedian.dim)
+def _nanmedian_of_nothing(func, b):
+    """Eager refuses to reduce an empty dim (median.dim's meta kernel says so; nanmedian.dim's
+    does not, and the device returned zeros): eager's own IndexError, from an empty CPU tensor
+    of the same shape."""
+    x = b.get("self")
+    if isinstance(x, torch.Tensor) and x.numel() == 0 and x.dim() > 0:
+        try:
+            func(torch.empty(x.shape, dtype=x.dtype), b.get("dim", 0), b.get("keepdim", False))
+        except IndexError as e:
+            raise IndexError(f"{e}\n  (xla_compat: raised by {func} with inputs "
+                             f"{tracer.describe(list(b.values()))})") from None
+
+
 @tracer.eager_check(aten.clamp.default, aten.clamp_.default)
 def _bounds_fit(func, b):
     if isinstance(b.get("self"), torch.Tensor):
