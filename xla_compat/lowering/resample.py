@@ -358,19 +358,32 @@ def _inside(idx, sizes):
     return valid
 
 
-def _gather(x, idx):
-    """``x[n, :, i0, i1(, i2)]`` at each output position's integer-valued (float) indices ``idx``
-    (one array per spatial dim, shaped ``(N,) + out``); zero where an index is outside ``x``."""
+def _gather(x, candidates):
+    """``x[n, :, i0, i1(, i2)]`` at every combination of each spatial dim's candidate indices,
+    read by ONE gather: ``candidates[d]`` lists dim d's integer-valued (float) index arrays, each
+    shaped ``(N,) + out``; the result is ``(N, C, K0, K1(, K2)) + out`` (``Kd``: dim d's number
+    of candidates), zero where an index is outside ``x``. Bicubic's 16 taps read one by one (16
+    gathers, and 16 scatter-adds in the gradient) made XLA compile for seconds."""
     sizes = x.shape[2:]
     nb, c = x.shape[:2]
-    out_sp = idx[0].shape[1:]
-    strides = [int(np.prod(sizes[d + 1:])) for d in range(len(sizes))]
-    flat = 0
-    for d, i in enumerate(idx):
-        flat = flat + jnp.clip(i, 0, sizes[d] - 1).astype(jnp.int64) * strides[d]
+    n = len(sizes)
+    flat, inside = 0, True
+    for d, ks in enumerate(candidates):
+        i = jnp.stack(ks)
+        i = i.reshape(tuple(len(ks) if e == d else 1 for e in range(n)) + i.shape[1:])
+        flat = flat + jnp.clip(i, 0, sizes[d] - 1).astype(jnp.int64) * int(np.prod(sizes[d + 1:]))
+        inside = inside & (i >= 0) & (i <= sizes[d] - 1)     # NaN is outside
+    taps, out_sp = flat.shape[:n], flat.shape[n + 1:]
+    flat = jnp.moveaxis(flat, n, 0)
     v = jnp.take_along_axis(x.reshape(nb, c, -1), flat.reshape(nb, 1, -1), axis=2)
-    v = v.reshape((nb, c) + out_sp)
-    return jnp.where(_inside(idx, sizes)[:, None], v, jnp.zeros((), x.dtype))
+    v = v.reshape((nb, c) + taps + out_sp)
+    return jnp.where(jnp.moveaxis(inside, n, 0)[:, None], v, jnp.zeros((), x.dtype))
+
+
+def _gather_at(x, idx):
+    """``_gather`` of one index array per spatial dim: ``(N, C) + out``."""
+    v = _gather(x, [[i] for i in idx])
+    return v.reshape(v.shape[:2] + v.shape[2 + len(idx):])
 
 
 def _grid_sample(x, grid, mode, padding_mode, align_corners):
@@ -383,26 +396,29 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
     if mode == 2:   # bicubic, 2-d only: along x within each of 4 rows, then along y
         (by, bx) = (jnp.floor(s) for s in src)
         cy, cx = _cubic_coeffs(src[0] - by), _cubic_coeffs(src[1] - bx)
+        iys = [_pad_coord(by - 1 + j, sizes[0], padding_mode, align_corners) for j in range(4)]
+        ixs = [_pad_coord(bx - 1 + i, sizes[1], padding_mode, align_corners) for i in range(4)]
+        v = _gather(x, [iys, ixs])
         out = 0
         for j in range(4):
-            iy = _pad_coord(by - 1 + j, sizes[0], padding_mode, align_corners)
             row = 0
             for i in range(4):
-                ix = _pad_coord(bx - 1 + i, sizes[1], padding_mode, align_corners)
-                row = row + _gather(x, [iy, ix]) * cx[i][:, None]
+                row = row + v[:, :, j, i] * cx[i][:, None]
             out = out + row * cy[j][:, None]
         return out
     src = [_pad_coord(s, sizes[d], padding_mode, align_corners) for d, s in enumerate(src)]
     if mode == 1:
-        return _gather(x, [jnp.round(s) for s in src])   # nearbyint: ties to even
+        return _gather_at(x, [jnp.round(s) for s in src])   # nearbyint: ties to even
     base = [jnp.floor(s) for s in src]
+    v = _gather(x, [[b, b + 1] for b in base])
     out = 0
     for corner in itertools.product((0, 1), repeat=n):
+        tap = v[(slice(None), slice(None)) + corner]
         w = 1
         for d, k in enumerate(corner):
             frac = src[d] - base[d]
             w = w * (frac if k else 1 - frac)
-        out = out + _gather(x, [b + k for b, k in zip(base, corner)]) * w[:, None]
+        out = out + tap * w[:, None]
     return out
 
 
@@ -509,24 +525,25 @@ def _half_grid_sample_2d(x, gx, gy, mode, padding_mode, align_corners, h):
 
         def tap(base, k, size):
             return jnp.trunc(_vec_pad(h(base + (k - 1)), size, padding_mode, align_corners, h))
-        rows = []
-        for j in range(4):
-            iy = tap(by, j, size_h)
-            rows.append(_weighted_sum(
-                [(_gather(x, [iy, tap(bx, i, size_w)]), cx[i][:, None]) for i in range(4)], h))
+        iys = [tap(by, j, size_h) for j in range(4)]
+        ixs = [tap(bx, i, size_w) for i in range(4)]
+        v = _gather(x, [iys, ixs])
+        rows = [_weighted_sum([(v[:, :, j, i], cx[i][:, None]) for i in range(4)], h)
+                for j in range(4)]
         return _weighted_sum([(rows[j], cy[j][:, None]) for j in range(4)], h)
     fx = _vec_pad(_vec_unnormalize(gx, size_w, align_corners, h), size_w, padding_mode,
                   align_corners, h)
     fy = _vec_pad(_vec_unnormalize(gy, size_h, align_corners, h), size_h, padding_mode,
                   align_corners, h)
     if mode == 1:
-        return _gather(x, [jnp.round(fy), jnp.round(fx)])   # ties to even
+        return _gather_at(x, [jnp.round(fy), jnp.round(fx)])   # ties to even
     x_w, y_n = jnp.floor(fx), jnp.floor(fy)
     w, n = h(fx - x_w), h(fy - y_n)        # distances to the west and north sides
     e, s = h(1 - w), h(1 - n)
-    corners = [(y_n, x_w, h(s * e)), (y_n, x_w + 1, h(s * w)),
-               (y_n + 1, x_w, h(n * e)), (y_n + 1, x_w + 1, h(n * w))]
-    return _weighted_sum([(_gather(x, [iy, ix]), wt[:, None]) for iy, ix, wt in corners], h)
+    v = _gather(x, [[y_n, y_n + 1], [x_w, x_w + 1]])
+    corners = [(v[:, :, 0, 0], h(s * e)), (v[:, :, 0, 1], h(s * w)),
+               (v[:, :, 1, 0], h(n * e)), (v[:, :, 1, 1], h(n * w))]
+    return _weighted_sum([(tap, wt[:, None]) for tap, wt in corners], h)
 
 
 def _scalar_unnormalize(g, size, align_corners, h):
@@ -572,16 +589,17 @@ def _half_grid_sample_3d(x, coords, mode, padding_mode, align_corners, h):
     src = [_scalar_pad(_scalar_unnormalize(c, size, align_corners, h), size, padding_mode,
                        align_corners, h) for c, size in zip(coords, sizes)]
     if mode == 1:
-        return _gather(x, [jnp.round(s) for s in src])     # nearbyint: ties to even
+        return _gather_at(x, [jnp.round(s) for s in src])     # nearbyint: ties to even
     base = [jnp.floor(s) for s in src]
     out = jnp.zeros(x.shape[:2] + coords[0].shape[1:], jnp.float32)
+    v = _gather(x, [[b, b + 1] for b in base])
     for corner in itertools.product((0, 1), repeat=3):   # z outermost, x innermost
         wt = None
         for k, b, s in reversed(list(zip(corner, base, src))):     # x, y, z
             d = h(s - h(b)) if k else h(h(b + 1) - s)
             wt = d if wt is None else h(wt * d)
         idx = [b + k for b, k in zip(base, corner)]
-        added = h(out + h(_gather(x, idx) * wt[:, None]))
+        added = h(out + h(v[(slice(None), slice(None)) + corner] * wt[:, None]))
         out = jnp.where(_inside(idx, sizes)[:, None], added, out)
     return out
 
