@@ -33,6 +33,18 @@ def _raise(func, bound, message: str):
                        f"{tracer.describe(list(bound.values()))})")
 
 
+def _raise_eager_error(func, bound, call) -> None:
+    """Eager's own error for these inputs: ``call`` runs ``func`` on CPU stand-ins (a tensor of
+    the input's dtype, shape or both; never the device values, which would make them
+    materialise), and what it raises is raised again, same type and words, naming the op and the
+    device inputs. Nothing is raised when the stand-in call succeeds."""
+    try:
+        call()
+    except (RuntimeError, IndexError, ValueError) as e:
+        raise type(e)(f"{e}\n  (xla_compat: raised by {func} with inputs "
+                      f"{tracer.describe(list(bound.values()))})") from None
+
+
 def _dtype(t):
     return t.dtype if isinstance(t, torch.Tensor) else None
 
@@ -175,10 +187,7 @@ def _integer_zero_divisor(func, b):
     if dtype.is_floating_point or dtype.is_complex:
         return
     rest = {k: v for k, v in b.items() if k not in ("self", "other")}
-    try:                          # eager's own error, from a one-element tensor of x's dtype
-        func(torch.ones(1, dtype=x.dtype), other, **rest)
-    except RuntimeError as e:
-        _raise(func, b, str(e))
+    _raise_eager_error(func, b, lambda: func(torch.ones(1, dtype=x.dtype), other, **rest))
 
 
 @tracer.eager_check(aten.nanmedian.dim)
@@ -188,11 +197,9 @@ def _nanmedian_of_nothing(func, b):
     of the same shape."""
     x = b.get("self")
     if isinstance(x, torch.Tensor) and x.numel() == 0 and x.dim() > 0:
-        try:
-            func(torch.empty(x.shape, dtype=x.dtype), b.get("dim", 0), b.get("keepdim", False))
-        except IndexError as e:
-            raise IndexError(f"{e}\n  (xla_compat: raised by {func} with inputs "
-                             f"{tracer.describe(list(b.values()))})") from None
+        stand_in = torch.empty(x.shape, dtype=x.dtype)
+        _raise_eager_error(func, b, lambda: func(stand_in, b.get("dim", 0),
+                                                 b.get("keepdim", False)))
 
 
 @tracer.eager_check(aten.clamp.default, aten.clamp_.default)
