@@ -3,30 +3,29 @@ same model, same total batch, on both paths.
 
     python benchmarks/spmd_overhead.py [--steps 30] [--batch 256] [--warmup 3]
 
-On a CPU host the 8 "devices" are simulated (XLA_FLAGS=--xla_force_host_platform_device_count=8)
+On a CPU host the 8 "devices" are simulated (`xs.simulate_host_devices(8)`)
 and share the machine's cores, so this measures what SPMD costs (partitioned executable, 8 buffers
 per tensor, the all-reduce, host threads), not a speed-up. Times are medians of steady-state steps
 (after 3 warm-up steps by default), each step ending with a sync and a wait for the device.
 """
 from __future__ import annotations
 
+import argparse
+import copy
 import os
+import statistics
+import time
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+import torch
+import torch.nn as nn
 
-import argparse  # noqa: E402
-import copy  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
+import xla_compat as xc
+import xla_compat.distributed.spmd as xs
+import xla_compat.functional  # noqa: F401
+import xla_compat.legacy  # noqa: F401
+from xla_compat import metrics, paths
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-
-import xla_compat as xc  # noqa: E402
-import xla_compat.distributed.spmd as xs  # noqa: E402
-import xla_compat.functional  # noqa: E402,F401
-import xla_compat.legacy  # noqa: E402,F401
-from xla_compat import metrics, paths  # noqa: E402
+xs.simulate_host_devices(8)       # before the first device is used
 
 WARMUP = 3
 

@@ -8,18 +8,16 @@ sharded, and prints both loss curves and the largest weight difference.
 """
 from __future__ import annotations
 
-import os
+import copy
 
-if __name__ == "__main__":   # before jax is imported: simulate 8 devices on a CPU host
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+import torch
+import torch.nn as nn
 
-import copy  # noqa: E402
+import xla_compat as xc
+import xla_compat.distributed.spmd as xs
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-
-import xla_compat as xc  # noqa: E402
-import xla_compat.distributed.spmd as xs  # noqa: E402
+if __name__ == "__main__":   # before the first device is used: 8 simulated devices on a CPU host
+    xs.simulate_host_devices(8)
 
 STEPS, BATCH, FEATURES, CLASSES = 10, 64, 16, 4
 

@@ -4,6 +4,7 @@ The multi-device behaviour is in test_spmd_devices.py (8 simulated devices, in a
 from __future__ import annotations
 
 import copy
+import os
 
 import jax
 import pytest
@@ -28,8 +29,20 @@ def test_mesh_forms_agree():
 
 
 def test_mesh_beyond_the_devices_says_how_to_simulate_more():
-    with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
+    with pytest.raises(ValueError, match=r"simulate_host_devices\(N\).*"
+                                         r"xla_force_host_platform_device_count"):
         xc.Mesh((8,), ("data",))
+
+
+def test_simulating_devices_once_they_exist_keeps_their_count_or_says_it_is_too_late(dev):
+    """(Asking for devices before the first one is used: tests/test_spmd_devices.py's worker.)"""
+    have = jax.local_device_count("cpu")
+    flags = os.environ.get("XLA_FLAGS")
+    xs.simulate_host_devices(have)                       # what is there already: nothing to do
+    with pytest.raises(RuntimeError, match=rf"simulate_host_devices\({have + 7}\): jax already "
+                                           rf"started with {have} CPU device"):
+        xs.simulate_host_devices(have + 7)
+    assert os.environ.get("XLA_FLAGS") == flags
 
 
 @pytest.mark.parametrize("bad, match", [

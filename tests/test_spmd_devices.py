@@ -1,9 +1,9 @@
 """SPMD over 8 simulated host devices, on both paths: the examples train like one device, XLA adds
 the collectives, each device holds only its shard, and layouts survive in-place writes.
 
-jax fixes its device count when it is first imported, so the checks run in a subprocess (this
-file, run as a script with XLA_FLAGS=--xla_force_host_platform_device_count=8) that reports what
-it saw as JSON; one subprocess per path, the tests below assert on its report.
+jax fixes its device count when its first device is used, so the checks run in a subprocess
+(this file, run as a script, which asks for 8 devices with ``xs.simulate_host_devices(8)``) that
+reports what it saw as JSON; one subprocess per path, the tests below assert on its report.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLAGS = "--xla_force_host_platform_device_count=8"
+STALE_COUNT = "--xla_force_host_platform_device_count=2"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -170,11 +170,13 @@ def _survival(path: str) -> dict:
 
 def _worker(path: str, out: str) -> None:
     import xla_compat  # noqa: F401  (before the paths: registers the device)
+    import xla_compat.distributed.spmd as xs
     from xla_compat import paths
     import importlib
     importlib.import_module(f"xla_compat.{path}")
+    xs.simulate_host_devices(8)          # after the imports, before the first device
     import jax
-    report = {"devices": len(jax.devices())}
+    report = {"devices": len(jax.devices()), "xla_flags": os.environ["XLA_FLAGS"]}
     with paths.activated(path):
         report["dp"] = _train_example("spmd_data_parallel", (8,), ("data",))
         report["2d"] = _train_example("spmd_2d", (2, 4), ("data", "model"))
@@ -191,7 +193,10 @@ _reports: dict = {}
 
 
 def _run_worker(path: str, out: str) -> None:
-    env = dict(os.environ, XLA_FLAGS=FLAGS, JAX_PLATFORMS="cpu")
+    # The worker asks for 8 devices itself (xs.simulate_host_devices); the count given here is
+    # replaced and the suite's other flags are kept.
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {STALE_COUNT}".strip(),
+               JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), path, out + ".tmp"],
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     if proc.returncode != 0:
@@ -239,6 +244,13 @@ F32 = 1e-5
 
 def test_worker_sees_eight_devices(report):
     assert report["devices"] == 8
+
+
+def test_simulated_devices_replace_a_given_count_and_keep_the_other_flags(report):
+    flags = report["xla_flags"].split()
+    assert [f for f in flags if "device_count" in f] == ["--xla_force_host_platform_device_count=8"]
+    assert [f for f in flags if "device_count" not in f] == \
+        [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
 
 
 @pytest.mark.parametrize("example", ["dp", "2d"])

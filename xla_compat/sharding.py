@@ -57,7 +57,8 @@ class Mesh:
             raise ValueError(
                 f"xla_compat: mesh device ids {list(ids)} must be distinct ids in 0..{n - 1} "
                 f"({n} jax devices here; simulate more on a CPU host with "
-                f"XLA_FLAGS=--xla_force_host_platform_device_count=N set before jax is imported)")
+                f"xs.simulate_host_devices(N) before the first device is used, or start the "
+                f"process with XLA_FLAGS=--xla_force_host_platform_device_count=N)")
         if len(names) != len(shape) or len(set(names)) != len(shape) or \
                 not all(isinstance(a, str) for a in names):
             raise ValueError(f"xla_compat: mesh shape {shape} needs {len(shape)} distinct axis "

@@ -28,6 +28,31 @@ def global_runtime_device_count() -> int:
     return len(jax.devices())
 
 
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def simulate_host_devices(n: int) -> None:
+    """Make the CPU host show ``n`` devices (XLA's ``--xla_force_host_platform_device_count``),
+    to try a mesh on a machine without accelerators. The flag joins any other ``XLA_FLAGS``
+    (one already naming a device count is replaced). XLA reads it when the first device is
+    used, so call this before that: importing xla_compat is fine, creating a tensor on the
+    device is too late (then this raises, naming the count in effect)."""
+    import os
+
+    from jax._src import xla_bridge
+    if xla_bridge.backends_are_initialized():
+        have = jax.local_device_count("cpu")
+        if have == n:
+            return
+        raise RuntimeError(
+            f"xla_compat: simulate_host_devices({n}): jax already started with {have} CPU "
+            f"device(s); call it before the first device tensor or mesh, or start the process "
+            f"with XLA_FLAGS={_DEVICE_COUNT_FLAG}={n}")
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+            if not f.startswith(_DEVICE_COUNT_FLAG)]
+    os.environ["XLA_FLAGS"] = " ".join([*kept, f"{_DEVICE_COUNT_FLAG}={int(n)}"])
+
+
 def use_spmd() -> None:
     """torch_xla needs this before SPMD; here a mesh is usable at any time (kept for scripts)."""
 
@@ -122,5 +147,5 @@ def device_array(t: torch.Tensor) -> jax.Array:
 
 
 __all__ = ["Mesh", "ShardingSpec", "mark_sharding", "clear_sharding", "get_sharding", "spec",
-           "device_array", "get_1d_mesh", "set_global_mesh", "get_global_mesh",
-           "global_runtime_device_count", "use_spmd"]
+           "simulate_host_devices", "device_array", "get_1d_mesh", "set_global_mesh",
+           "get_global_mesh", "global_runtime_device_count", "use_spmd"]
