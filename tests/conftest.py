@@ -7,6 +7,20 @@ import os
 import pytest
 import torch
 
+# Most of the suite's time is XLA compiling its thousands of small distinct graphs. XLA:CPU's
+# older (non-MLIR) fusion emitters compile those ~30% faster (the suite: 1,130 -> 800 s on 2
+# cores) and give the same results: the whole suite, its bit-for-bit half-precision tests among
+# them, passes under both. The library keeps XLA's default: on large training steps the older
+# emitters compile and run slower (W3's JAX twin: 3.2 against 2.3 s to compile, 268 against
+# 248 ms a step). Worker processes and the subprocesses they start inherit the flag; make
+# conformance, make conformance-grads, make bench and the demo's tests keep XLA's default, and
+# XLA_COMPAT_TEST_XLA_DEFAULT=1 runs the suite under it too. (XLA aborts on a flag it does not
+# know: this one is checked against the jaxlib pinned in constraints.txt.)
+TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+if os.environ.get("XLA_COMPAT_TEST_XLA_DEFAULT", "") != "1" \
+        and TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
 import xla_compat as xc
 from xla_compat import executor, paths
 from xla_compat.lazy import tracer

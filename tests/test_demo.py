@@ -31,7 +31,10 @@ def _run(path: str, tmp, *extra, args=ARGS, cache=None) -> str:
 
 
 # (the legacy run dual-runs every sampled step on functional too; the functional-authoritative
-# run is in make test-slow, and test_demo_repeats_exactly_with_the_same_seed runs functional)
+# run, the repeat with the same seed and the --capture run are in make test-slow: make test's
+# persistent-cache, capture and dual-run tests cover what they add, on both paths). The demo's
+# runs keep XLA's default flags (conftest's are dropped with the other XLA_ variables): the job
+# as users run it.
 @pytest.mark.parametrize("path", ["legacy", pytest.param("functional", marks=pytest.mark.slow)],
                          indirect=True)
 def test_demo_trains_dual_runs_and_checkpoints(path, tmp_path, compile_cache):
@@ -45,6 +48,7 @@ def test_demo_trains_dual_runs_and_checkpoints(path, tmp_path, compile_cache):
     assert end < start
 
 
+@pytest.mark.slow
 def test_demo_repeats_exactly_with_the_same_seed(tmp_path):
     """Two short runs without dual-run (the full run above checks what dual-run adds); the
     checkpoint folder does not exist yet: the demo makes it. The second run loads the first
@@ -60,9 +64,10 @@ def test_demo_repeats_exactly_with_the_same_seed(tmp_path):
     assert re.search(r"PersistentCacheHit=\d+", outs[1])
 
 
+@pytest.mark.slow
 def test_demo_with_step_capture_replays_and_trains(tmp_path, compile_cache):
     """The demo's --capture flag, on the functional path (captured training on both paths is
-    tests/test_capture.py's)."""
+    tests/test_capture.py's, in make test)."""
     out = _run("functional", tmp_path, "--capture", cache=compile_cache)
     stats = re.search(r"step capture: \{'replays': (\d+), 'recorded': (\d+)", out)
     assert stats, out[-2000:]

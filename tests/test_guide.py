@@ -23,9 +23,11 @@ PAGES = sorted(GUIDE.glob("*.md"))
 
 
 def _env():
+    """The pages' code runs in a user's environment: none of xla_compat's settings (XLA_*) set,
+    XLA's own flags (XLA_FLAGS, conftest's) kept."""
     env = dict(os.environ)
     for k in list(env):
-        if k.startswith("XLA_"):
+        if k.startswith("XLA_") and k != "XLA_FLAGS":
             env.pop(k)
     env["PYTHONPATH"] = str(ROOT)
     return env
