@@ -63,7 +63,7 @@ def test_activation_and_gradient(fn):
 
 
 @pytest.mark.parametrize("fn", [torch.relu, F.hardshrink, F.softshrink, F.tanhshrink, F.leaky_relu,
-                                F.silu, F.mish, F.softplus, F.hardtanh],
+                                F.silu, F.mish, F.softplus, F.hardtanh, F.elu, F.selu, F.celu],
                          ids=lambda f: f.__name__)
 def test_activations_of_nan_and_signed_zeros_are_eagers(fn):
     # Session 29's sweep: softshrink(NaN) was 0 and relu(-0.0) +0.0 (eager: NaN and -0.0).
@@ -73,6 +73,18 @@ def test_activations_of_nan_and_signed_zeros_are_eagers(fn):
     assert torch.equal(got.isnan(), want.isnan()), (got, want)
     assert torch.allclose(got.nan_to_num(), want.nan_to_num(), rtol=1e-6, atol=1e-7), (got, want)
     assert torch.equal(got.signbit() & (got == 0), want.signbit() & (want == 0)), (got, want)
+
+
+@pytest.mark.parametrize("fn", [F.elu, lambda x: F.elu(x, alpha=0.7), F.selu,
+                                lambda x: F.celu(x, alpha=2.5)], ids=["elu", "elu_alpha", "selu",
+                                                                       "celu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_elu_family_of_tiny_negative_inputs_is_eagers_expm1(fn, dtype):
+    # exp(x) - 1 is 0 below the dtype's epsilon: elu(-1e-8) was 0 in float32 (eager: -1e-8).
+    # (Normal numbers only: XLA's CPU flushes subnormals, migration_guide/ops.md.)
+    x = -torch.logspace(-30, 0, 61, dtype=dtype)
+    got, want = fn(x.to(xc.device())).cpu(), fn(x)
+    torch.testing.assert_close(got, want, rtol=4 * torch.finfo(dtype).eps, atol=0)
 
 
 def test_elu_backward_through_the_result():

@@ -619,7 +619,8 @@ def softplus(x, beta=1, threshold=20, *, aval):
 @lowering(aten.elu.default, meta=True)
 def elu(x, alpha=1, scale=1, input_scale=1, *, aval):
     a, s, i = to(aval.dtype, alpha, scale, input_scale)
-    return jnp.where(x > 0, x * s, a * s * (jnp.exp(x * i) - 1))
+    # expm1, as eager: exp(x) - 1 is 0 for |x| below the dtype's epsilon (elu(-1e-8) gave 0)
+    return jnp.where(x > 0, x * s, jnp.expm1(x * i) * (a * s))
 
 
 @lowering(aten.logit.default, static=True)
