@@ -316,7 +316,11 @@ def mixed_statistics_dtype(func, b, parameters: tuple):
 # Ops that draw random numbers (the CPU generator is the user's) and calls with no tensor are
 # not asked.
 
-_NOT_IMPLEMENTED_FOR = " not implemented for '"
+# What a kernel says when it has no implementation for a dtype: '"hypot_cpu" not implemented for
+# 'Long'', and for complex operands "maximum not implemented for complex tensors." (a
+# RuntimeError) and "clamp is not supported for complex types".
+_DTYPE_REFUSALS = (" not implemented for '", " not implemented for complex tensors",
+                   " is not supported for complex types")
 _MATRIX_PRODUCTS = frozenset(p for p in (aten.mm, aten.bmm, aten.addmm, aten.addmm_, aten.mv,
                                          aten.addmv, aten.addmv_, aten.dot, aten.vdot,
                                          aten.addbmm, aten.addbmm_, aten.baddbmm,
@@ -344,14 +348,14 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
         cpu_kwargs = {k: tracer.map_nested(v, stand_in) for k, v in kwargs.items()}
     except _Skip:
         return
-    if not found or any(t.is_complex() or t.layout != torch.strided for t in found):
+    if not found or any(t.layout != torch.strided for t in found):
         return
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             func(*cpu_args, **cpu_kwargs)
-    except NotImplementedError as e:
-        if _NOT_IMPLEMENTED_FOR in str(e):
+    except (NotImplementedError, RuntimeError) as e:
+        if any(words in str(e) for words in _DTYPE_REFUSALS):
             _raise_not_implemented(func, args, kwargs, e)
     except Exception:      # noqa: BLE001 - a check of the stand-ins' shapes or values
         pass
@@ -373,9 +377,9 @@ def _asked(func) -> bool:
     return not any(part in name for part in ("copy", "_to_", "fill"))
 
 
-def _raise_not_implemented(func, args, kwargs, e: NotImplementedError):
+def _raise_not_implemented(func, args, kwargs, e: Exception):
     message = str(e).splitlines()[0]
-    raise NotImplementedError(
+    raise type(e)(
         f"{message}\n  (xla_compat: raised by {func} with inputs "
         f"{tracer.describe([*args, *kwargs.values()])}: CPU eager has no kernel for these "
         f"dtypes, so the device refuses the call too; convert the inputs to a dtype the op "
