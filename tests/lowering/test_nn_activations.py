@@ -79,7 +79,7 @@ def test_activations_of_nan_and_signed_zeros_are_eagers(fn):
                                 lambda x: F.celu(x, alpha=2.5)], ids=["elu", "elu_alpha", "selu",
                                                                        "celu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_elu_family_of_tiny_negative_inputs_is_eagers_expm1(fn, dtype):
+def test_elu_family_of_tiny_negative_inputs_is_eagers_expm1(path, fn, dtype):
     # exp(x) - 1 is 0 below the dtype's epsilon: elu(-1e-8) was 0 in float32 (eager: -1e-8).
     # (Normal numbers only: XLA's CPU flushes subnormals, migration_guide/ops.md.)
     x = -torch.logspace(-30, 0, 61, dtype=dtype)
