@@ -37,12 +37,11 @@ def _raise_eager_error(func, bound, call) -> None:
     """Eager's own error for these inputs: ``call`` runs ``func`` on CPU stand-ins (a tensor of
     the input's dtype, shape or both; never the device values, which would make them
     materialise), and what it raises is raised again, same type and words, naming the op and the
-    device inputs. Nothing is raised when the stand-in call succeeds."""
+    device inputs (tracer's own re-raise). Nothing is raised when the stand-in call succeeds."""
     try:
         call()
     except (RuntimeError, IndexError, ValueError) as e:
-        raise type(e)(f"{e}\n  (xla_compat: raised by {func} with inputs "
-                      f"{tracer.describe(list(bound.values()))})") from None
+        tracer._reraise(e, func, list(bound.values()))
 
 
 def _dtype(t):
