@@ -11,6 +11,7 @@ and XLA inserts the collectives (an all-reduce of data-parallel gradients, for i
 """
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence
 
 import jax
@@ -37,8 +38,6 @@ def simulate_host_devices(n: int) -> None:
     (one already naming a device count is replaced). XLA reads it when the first device is
     used, so call this before that: importing xla_compat is fine, creating a tensor on the
     device is too late (then this raises, naming the count in effect)."""
-    import os
-
     from jax._src import xla_bridge
     if xla_bridge.backends_are_initialized():
         have = jax.local_device_count("cpu")
