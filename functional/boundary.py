@@ -17,7 +17,7 @@ import torch._tensor_str as _tensor_str
 from xla_compat.lazy.tensor import device_deepcopy
 
 from .strides import storage_id as _storage_id
-from .wrap import owns, track
+from .wrap import owns, sync_wrapper, track, wrap
 
 _installed = False
 
@@ -122,16 +122,16 @@ def _to_copy_functionalize(self, *, dtype=None, layout=None, device=None, pin_me
     ``hlo`` is wrapped; one on another device (``.cpu()``) is returned as is, as upstream does."""
     inner = self
     if torch._is_functional_tensor(self):
-        from .wrap import sync_wrapper    # (its lineage's last value: a failed read rolls back)
-        inner = sync_wrapper(self)
+        inner = sync_wrapper(self)    # (its lineage's last value: a failed read rolls back)
     with torch._C._ExcludeDispatchKeyGuard(_FUNCTIONALIZE):
-        out = torch.ops.aten._to_copy.default(
-            inner, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
-            non_blocking=non_blocking, memory_format=memory_format)
+        out = _TO_COPY(inner, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+                       non_blocking=non_blocking, memory_format=memory_format)
     if out.device.type != "hlo" or torch._is_functional_tensor(out):
         return out
-    from .wrap import wrap
     return wrap(out)
+
+
+_TO_COPY = torch.ops.aten._to_copy.default
 
 
 def _install_pack_padded_sequence() -> None:

@@ -89,6 +89,11 @@ def _written_cast(cls, func, args, kwargs):
         f"on the functional path)")
 
 
+# It declines wherever ``torch.can_cast`` allows the cast (decided by what a plan key holds), and
+# the tracer plans no other cast (``tracer._to_copy``).
+_written_cast.plan_safe = True
+
+
 def _held_by_a_wrapper(x, value) -> bool:
     """Is ``value`` the current value of a live functional wrapper (other than the one holding
     ``x``)? Searched in the heap: only on this error path."""

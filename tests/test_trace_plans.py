@@ -225,3 +225,72 @@ def test_output_masks_key_plans_apart(path, dev):
         assert (got_w.grad is None) == (want_w.grad is None)
         if weight_grad:
             assert_same(got_w.grad, want_w.grad, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_casts_replay_from_plans_with_eagers_layout(path, dev, dtype):
+    # autocast casts every weight every step: the second cast of a geometry is a plan's
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 6, generator=g)
+    img = torch.randn(2, 3, 4, 5, generator=g)
+    xd, imgd = x.to(dev), img.to(dev)
+    casts = [lambda t: t.to(dtype), lambda t: t.t().to(dtype),
+             lambda t: t.to(dtype, memory_format=torch.contiguous_format)]
+    for cast in casts:
+        first = cast(xd)
+        again = []
+        slow = _slow_calls(lambda: again.append(cast(xd)))
+        assert "aten._to_copy.default" not in slow, slow
+        for got in (first, again[0]):
+            assert got.dtype == dtype and got.stride() == cast(x).stride()
+            assert_same(got, cast(x))
+    last = imgd.to(dtype, memory_format=torch.channels_last)
+    slow = _slow_calls(lambda: imgd.to(dtype, memory_format=torch.channels_last))
+    assert "aten._to_copy.default" not in slow, slow
+    want = img.to(dtype, memory_format=torch.channels_last)
+    assert last.stride() == want.stride()
+    assert_same(last, want)
+
+
+def test_a_cast_eager_refuses_in_place_is_never_planned(path, dev):
+    x = torch.tensor([1.5, -2.5, 3.0])
+    xd = x.to(dev)
+    for _ in range(2):
+        out = []
+        slow = _slow_calls(lambda: out.append(xd.to(torch.int64)))
+        assert "aten._to_copy.default" in slow, slow
+        assert_same(out[0], x.to(torch.int64))
+    for _ in range(3):        # the result of an in-place op is cast back: eager's error each time
+        n = torch.arange(3).to(dev)
+        with pytest.raises(RuntimeError, match="can't be cast"):
+            n.add_(0.5)
+        assert_same(n, torch.arange(3))
+
+
+def test_ops_that_check_index_values_run_their_meta_kernel_once_per_geometry(path, dev):
+    # cross_entropy's nll_loss, gather and embedding check their indices on every call, but what
+    # the meta kernel says of a geometry is cached (it ran torch's nll_loss decomposition each step)
+    g = torch.Generator().manual_seed(2)
+    logits, target = torch.randn(8, 5, generator=g), torch.randint(0, 5, (8,), generator=g)
+    table, ids = torch.randn(10, 3, generator=g), torch.tensor([[1, 9], [0, 4]])
+    programs = [
+        lambda lg, t, tb, i: torch.nn.functional.cross_entropy(lg, t),
+        lambda lg, t, tb, i: torch.gather(lg, 1, t[:, None]),
+        lambda lg, t, tb, i: torch.nn.functional.embedding(i, tb),
+    ]
+    cpu = (logits, target, table, ids)
+    on_dev = tuple(t.to(dev) for t in cpu)
+    real = tracer.run_meta
+    for program in programs:
+        assert_same(program(*on_dev), program(*cpu), rtol=1e-6)
+        ran = []
+        tracer.run_meta = lambda func, *a, **k: (ran.append(str(func)), real(func, *a, **k))[1]
+        try:
+            got = program(*on_dev)
+        finally:
+            tracer.run_meta = real
+        assert ran == [], ran
+        assert_same(got, program(*cpu), rtol=1e-6)
+    bad = torch.tensor([0, 5, 1, 2, 3, 4, 0, 1])      # out of range: eager's error still
+    with pytest.raises(IndexError, match="out of bounds"):
+        torch.nn.functional.cross_entropy(on_dev[0], bad.to(dev))

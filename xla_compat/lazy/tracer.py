@@ -772,21 +772,25 @@ def static_key(x):
 _STATIC = frozenset({torch.dtype, torch.memory_format, torch.layout, torch.device, str})
 
 
-def _remember_plan(cls, func, args, kwargs, node: Node, meta_out) -> None:
+def _remember_plan(cls, func, args, kwargs, node: Node, meta_out, kinds=None) -> None:
+    """Keep what tracing this call gave as its plan. ``kinds``: each call value's kind, where a
+    handler built the node from other arguments than the call's (``_to_copy``); by default
+    read off the node's templates, which then follow the call's arguments."""
     key = _plan_key(cls, func, args, kwargs)
     if key is None:
         return
-    kinds = []
-    templates = (*node.args, *(t for _, t in node.kwargs))
-    for x, t in zip(call_values(args, kwargs), templates):
-        if type(t) is Slot:
-            kinds.append(_TENSOR if isinstance(x, torch.Tensor) else _SCALAR)
-        elif type(t) is tuple and any(type(e) is Slot for e in t):
-            if not all(type(e) is Slot for e in t):
-                return                # a list mixing tensors or lifted numbers with others
-            kinds.append(_TENSORS if isinstance(x[0], torch.Tensor) else _SCALARS)
-        else:
-            kinds.append(0)
+    if kinds is None:
+        kinds = []
+        templates = (*node.args, *(t for _, t in node.kwargs))
+        for x, t in zip(call_values(args, kwargs), templates):
+            if type(t) is Slot:
+                kinds.append(_TENSOR if isinstance(x, torch.Tensor) else _SCALAR)
+            elif type(t) is tuple and any(type(e) is Slot for e in t):
+                if not all(type(e) is Slot for e in t):
+                    return                # a list mixing tensors or lifted numbers with others
+                kinds.append(_TENSORS if isinstance(x[0], torch.Tensor) else _SCALARS)
+            else:
+                kinds.append(0)
     if not free_float_kinds_ok(func, args, kwargs, kinds):
         return
     if isinstance(meta_out, TMeta):
@@ -1295,9 +1299,15 @@ def _to_copy(cls, func, args, kwargs):
         except UnsupportedDtypeError as e:
             raise UnsupportedDtypeError(f"{e} (in {func}, input {describe(args)})") from None
     rule = registry.lookup(func)
-    meta_out = run_meta(func, args, {k: v for k, v in kwargs.items() if k != "device"})
+    meta_out, _ = meta(func, args, {k: v for k, v in kwargs.items() if k != "device"})
     node = make_node(func, rule, args, {"dtype": dtype}, [meta_out])
-    return cls(Value(node, 0), meta_out.shape, dtype, meta_out.stride())
+    # The next cast of this geometry to this dtype (autocast's, every step) replays: the node
+    # takes ``x`` alone, every keyword is static and in the plan's key. Not a cast that eager
+    # refuses for an in-place op's result (float to int): a path may raise for those on what
+    # no key holds (the functional path's ``writes_eager._written_cast``).
+    if torch.can_cast(x.dtype, dtype):
+        _remember_plan(cls, func, args, kwargs, node, meta_out, (_TENSOR,) + (0,) * len(kwargs))
+    return cls(Value(node, 0), meta_out.shape, dtype, meta_out.stride, meta_out.offset)
 
 
 @special(aten.copy_.default, aten._copy_from.default)
@@ -1318,7 +1328,7 @@ def copy_into(dst, src):
     if src.layout != torch.strided:
         raise not_dense_error(f"copying into a {getattr(dst, 'path_name', 'core')}-path tensor "
                               f"({describe([dst])}) from", src)
-    run_meta(aten.copy_.default, (dst, src), {})
+    meta(aten.copy_.default, (dst, src), {})     # eager's checks (cached per geometry)
     if not isinstance(src, LazyTensor):
         metrics.inc("TransferToDevice")
         host = src.detach().to(dst.dtype).expand(dst.shape)
