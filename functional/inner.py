@@ -52,6 +52,10 @@ class FunctionalInner(LazyTensor):
             out = tracer.replay(cls, func, args, False, kwargs)   # traced before, this geometry
             if out is not None:
                 return out
+            if id(func) in _RESTRIDED_IDS and not getattr(_state, "unplanned", False):
+                plan = _RESTRIDED.get(tracer._plan_key(cls, func, args, kwargs))
+                if plan is not None:
+                    return tracer.replay_plan(cls, plan, args, kwargs)
         kwargs = kwargs or {}
         if len(types) > 1:
             tracer.check_paths(types, func)
@@ -72,7 +76,12 @@ class FunctionalInner(LazyTensor):
                 return out                          # with eager's strides already
             out = tracer.trace(cls, func, args, kwargs)
             geometry = strides.eager_geometry(func, args, kwargs)
-            return _restride(cls, out, geometry) if geometry else out
+            if not geometry:
+                return out
+            out = _restride(cls, out, geometry)
+            if handler is None and func not in viewchain.OPS:
+                _remember_restrided(cls, func, args, kwargs, out)
+            return out
         finally:
             _state.depth -= 1
 
@@ -110,6 +119,32 @@ def forget_plans() -> None:
     _PLAIN.clear()
     _VIEW_REPLAY.clear()
     tracer.forget_plans()
+
+
+# View copies the tracer alone traces (no handler here, not viewchain's): what trace and
+# _restride gave, as a plan (tracer.restrided_plan) keyed as the tracer's plans are. Replayed
+# before anything else where the tracer's own plan would be: view_copy, expand_copy, split_copy,
+# unbind_copy... are in every step of a model (a transformer's heads, an LSTM's time steps).
+_RESTRIDED: dict = {}
+_RESTRIDED_IDS: set = set()
+_RESTRIDED_LIMIT = 65536
+tracer.plan_memos.append(_RESTRIDED)
+
+
+def _remember_restrided(cls, func, args, kwargs, out) -> None:
+    if getattr(_state, "unplanned", False) or getattr(_state, "pending", None) is not None:
+        return
+    key = tracer._plan_key(cls, func, args, kwargs)
+    plan = tracer._PLANS.get(key) if key is not None else None
+    if plan is None:
+        return
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    if not all(type(t) is cls for t in outs):
+        return
+    planned = tracer.restrided_plan(plan, outs)
+    if planned is not None:
+        _RESTRIDED_IDS.add(id(func))
+        tracer.keep(_RESTRIDED, key, planned, _RESTRIDED_LIMIT)
 
 
 def _restride(cls, out, geometry):

@@ -294,3 +294,111 @@ def test_ops_that_check_index_values_run_their_meta_kernel_once_per_geometry(pat
     bad = torch.tensor([0, 5, 1, 2, 3, 4, 0, 1])      # out of range: eager's error still
     with pytest.raises(IndexError, match="out of bounds"):
         torch.nn.functional.cross_entropy(on_dev[0], bad.to(dev))
+
+
+_VIEWS = {
+    "view": lambda t: [t.view(3, 2, 4)],
+    "view of a transposed": lambda t: [t.transpose(0, 1).view(4, 6)[1:]],
+    "expand": lambda t: [t[:, :1].expand(6, 3)],
+    "split": lambda t: list(t.split(2, dim=1)),
+    "unbind": lambda t: list(t.unbind(1)),
+    "unsqueeze and squeeze": lambda t: [t.unsqueeze(1).squeeze(1), t[None].squeeze(0)],
+    "diagonal": lambda t: [t.diagonal(offset=1)],
+    "unfold": lambda t: [t.unfold(0, 2, 2)],
+    "heads": lambda t: [z.view(6, 1, 2).transpose(0, 1) for z in t.split(2, dim=1)],
+}
+
+
+@pytest.mark.parametrize("views", list(_VIEWS.values()), ids=list(_VIEWS))
+def test_views_replay_from_plans_with_eagers_geometry_and_still_alias(path, dev, views):
+    # The functional path gives view copies eager's strides after tracing them (a transformer's
+    # heads, an LSTM's time steps, every step): the second time, a plan gives the same tensors.
+    x = torch.arange(24.).view(6, 4)
+    xd = x.to(dev)
+    first = views(xd)
+    again = []
+    slow = _slow_calls(lambda: again.append(views(xd)))
+    assert not [op for op in slow if op.endswith(("_copy.default", "_copy.int", "_copy.Tensor",
+                                                  "_unsafe_view.default"))], slow
+    want = views(x)
+    for got in (first, again[0]):
+        for g, w in zip(got, want):
+            assert (g.shape, g.stride(), g.storage_offset()) == (w.shape, w.stride(),
+                                                                 w.storage_offset())
+            assert_same(g, w)
+    for g, w in zip(again[0], want):     # a write through the replayed view reaches the base
+        if g.numel() and w._base is not None and not w.stride().count(0):
+            g.mul_(-1)
+            w.mul_(-1)
+    assert_same(xd, x)
+
+
+# Ops a training step sends through the full tracer on every step, and why: they look at index
+# values (nll_loss, embedding), draw random numbers (dropout), write an out= factory (arange) or
+# answer a metadata question (the optimizer's shallow-copy check).
+_MUST_TRACE = {"aten.nll_loss_forward.default", "aten.embedding.default",
+               "aten.native_dropout.default", "aten.arange.start_out",
+               "aten._has_compatible_shallow_copy_type.default"}
+
+
+def _training_step(model, opt, batch, loss_fn, amp=False):
+    def step():
+        opt.zero_grad()
+        with torch.autocast("hlo", dtype=torch.bfloat16, enabled=amp):
+            loss = loss_fn(model, *batch)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def _mlp_sgd(dev):
+    from tests.models import MLP
+    model = MLP().to(dev)
+    return _training_step(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                          (torch.randn(8, 16).to(dev), torch.randint(0, 4, (8,)).to(dev)),
+                          lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y))
+
+
+def _mlp_autocast_adamw(dev):
+    from tests.models import MLP
+    model = MLP().to(dev)
+    return _training_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                          (torch.randn(8, 16).to(dev), torch.randint(0, 4, (8,)).to(dev)),
+                          lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y), amp=True)
+
+
+def _gpt_adamw(dev):
+    from tests.models import GPT
+    model = GPT(dropout=0.1).to(dev)
+    idx = torch.randint(0, 64, (2, 16))
+    return _training_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                          (idx.to(dev), torch.roll(idx, -1, 1).to(dev)),
+                          lambda m, x, y: m(x, y)[1])
+
+
+def _lstm_sgd(dev):
+    model = torch.nn.LSTM(8, 16, batch_first=True).to(dev)
+    return _training_step(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                          (torch.randn(2, 5, 8).to(dev),), lambda m, x: m(x)[0].pow(2).mean())
+
+
+@pytest.mark.parametrize("make", [_mlp_sgd, _mlp_autocast_adamw, _gpt_adamw, _lstm_sgd],
+                         ids=["mlp sgd", "mlp autocast adamw", "gpt adamw dropout", "lstm sgd"])
+def test_training_steps_after_warm_up_replay_plans_and_run_no_meta_kernel(path, dev, make):
+    # Not a timing: what a step does once its shapes were seen. A full trace costs 3-10x a plan
+    # (a transformer's view copies took it every step on the functional path), a meta kernel
+    # more (cross_entropy ran torch's nll_loss decomposition on meta tensors every step).
+    torch.manual_seed(0)
+    step = make(dev)
+    for _ in range(3):
+        step()
+        xc.sync()
+    metas = []
+    real = tracer.run_meta
+    tracer.run_meta = lambda func, *a, **k: (metas.append(str(func)), real(func, *a, **k))[1]
+    try:
+        slow = _slow_calls(lambda: (step(), xc.sync()))
+    finally:
+        tracer.run_meta = real
+    assert metas == [], metas
+    assert set(slow) <= _MUST_TRACE, sorted(set(slow) - _MUST_TRACE)

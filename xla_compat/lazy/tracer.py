@@ -827,6 +827,11 @@ def replay(cls, func, args, handled=False, kwargs=None):
     plan = _PLANS.get(key) if key is not None else None
     if plan is None or not (handled or plan.first):
         return None
+    return replay_plan(cls, plan, args, kwargs)
+
+
+def replay_plan(cls, plan, args, kwargs=None):
+    """What ``plan`` gives for a call (``replay``'s work once it has the plan)."""
     with lock:
         node = plan_node(plan, call_values(args, kwargs), 3)   # past replay's caller
         if plan.single is None:
@@ -840,6 +845,19 @@ def replay(cls, func, args, handled=False, kwargs=None):
             t._geo = plan.geos[i]
             outs.append(t)
         return outs if plan.single is list else tuple(outs)
+
+
+def restrided_plan(plan, outs) -> Plan | None:
+    """``plan`` giving outputs laid out as ``outs`` (tensors of the same shapes and dtypes, e.g.
+    with eager's strides where a path restrides the tracer's result), or None where they are
+    not alike. Such a plan is the path's to keep and replay (``replay_plan``), not a key's."""
+    if len(outs) != len(plan.outs) or any(
+            tuple(t.shape) != tuple(m.shape) or t.dtype != m.dtype for t, m in zip(outs, plan.outs)):
+        return None
+    metas = tuple(TMeta(tuple(t.shape), t.dtype, tuple(t.stride()), t.storage_offset())
+                  for t in outs)
+    return Plan(plan.op, plan.rule, plan.args, plan.kwargs, plan.kinds, plan.avals, metas,
+                plan.single, plan.sig, True)
 
 
 def _value_of(node: Node, index: int) -> Value:
