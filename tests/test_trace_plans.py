@@ -334,11 +334,14 @@ def test_views_replay_from_plans_with_eagers_geometry_and_still_alias(path, dev,
 
 
 # Ops a training step sends through the full tracer on every step, and why: they look at index
-# values (nll_loss, embedding), draw random numbers (dropout), write an out= factory (arange) or
-# answer a metadata question (the optimizer's shallow-copy check).
+# values (nll_loss, embedding), draw random numbers (dropout), write an out= factory (arange),
+# answer a metadata question (the optimizer's shallow-copy check), or update batch norm's
+# running statistics in place (a mutation: the tracer plans none; native_batch_norm is
+# decomposed into _native_batch_norm_legit, which writes them).
 _MUST_TRACE = {"aten.nll_loss_forward.default", "aten.embedding.default",
                "aten.native_dropout.default", "aten.arange.start_out",
-               "aten._has_compatible_shallow_copy_type.default"}
+               "aten._has_compatible_shallow_copy_type.default",
+               "aten.native_batch_norm.default", "aten._native_batch_norm_legit.default"}
 
 
 def _training_step(model, opt, batch, loss_fn, amp=False):
@@ -376,14 +379,24 @@ def _gpt_adamw(dev):
                           lambda m, x, y: m(x, y)[1])
 
 
+def _cnn_adam(dev):
+    # (the first convolution's backward computes no input gradient: an output left out)
+    from tests.models import CNN
+    model = CNN().to(dev)
+    return _training_step(model, torch.optim.Adam(model.parameters(), lr=1e-3),
+                          (torch.randn(4, 3, 12, 12).to(dev), torch.randint(0, 5, (4,)).to(dev)),
+                          lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y))
+
+
 def _lstm_sgd(dev):
     model = torch.nn.LSTM(8, 16, batch_first=True).to(dev)
     return _training_step(model, torch.optim.SGD(model.parameters(), lr=0.1),
                           (torch.randn(2, 5, 8).to(dev),), lambda m, x: m(x)[0].pow(2).mean())
 
 
-@pytest.mark.parametrize("make", [_mlp_sgd, _mlp_autocast_adamw, _gpt_adamw, _lstm_sgd],
-                         ids=["mlp sgd", "mlp autocast adamw", "gpt adamw dropout", "lstm sgd"])
+@pytest.mark.parametrize("make", [_mlp_sgd, _mlp_autocast_adamw, _gpt_adamw, _cnn_adam, _lstm_sgd],
+                         ids=["mlp sgd", "mlp autocast adamw", "gpt adamw dropout", "cnn adam",
+                              "lstm sgd"])
 def test_training_steps_after_warm_up_replay_plans_and_run_no_meta_kernel(path, dev, make):
     # Not a timing: what a step does once its shapes were seen. A full trace costs 3-10x a plan
     # (a transformer's view copies took it every step on the functional path), a meta kernel

@@ -611,7 +611,8 @@ class Plan:
         self.first = first        # may replay before the path's own handling (plans_ok)
         # single: None for one output tensor, else the type of the output sequence
         # each output's geometry as a plan key holds it (see _geometry_of)
-        self.geos = tuple((tuple(m.shape), tuple(m.stride), m.dtype, m.offset) for m in outs)
+        self.geos = tuple(None if m is None else (tuple(m.shape), tuple(m.stride), m.dtype,
+                                                  m.offset) for m in outs)
         self.tensors_at = tensors_at(kinds)
 
 
@@ -795,8 +796,10 @@ def _remember_plan(cls, func, args, kwargs, node: Node, meta_out, kinds=None) ->
         return
     if isinstance(meta_out, TMeta):
         outs, single = (meta_out,), None
-    elif (type(meta_out) in (tuple, list) and meta_out
-          and all(type(m) is TMeta for m in meta_out)):
+    elif (type(meta_out) in (tuple, list) and any(type(m) is TMeta for m in meta_out)
+          and all(type(m) is TMeta or m is None for m in meta_out)):
+        # (None: an output the call's mask left out, convolution_backward's grad_input of a
+        # first layer; decided by the mask, which the key holds)
         outs, single = tuple(meta_out), type(meta_out)
     else:
         return
@@ -840,10 +843,15 @@ def replay_plan(cls, plan, args, kwargs=None):
             t._geo = plan.geos[0]
             return t
         outs = []
-        for i, m in enumerate(plan.outs):
+        i = 0                 # the node's output (an output a mask left out is None, no output)
+        for m, geo in zip(plan.outs, plan.geos):
+            if m is None:
+                outs.append(None)
+                continue
             t = cls(_value_of(node, i), m.shape, m.dtype, m.stride, m.offset)
-            t._geo = plan.geos[i]
+            t._geo = geo
             outs.append(t)
+            i += 1
         return outs if plan.single is list else tuple(outs)
 
 
