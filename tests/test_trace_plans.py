@@ -388,15 +388,27 @@ def _cnn_adam(dev):
                           lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y))
 
 
+def _sdpa_adamw(dev):
+    # scaled_dot_product_attention's math path (_safe_softmax: a rule, not a decomposition)
+    proj = torch.nn.Linear(8, 24).to(dev)
+
+    def loss(m, x):
+        q, k, v = m(x).view(2, 6, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+    return _training_step(proj, torch.optim.AdamW(proj.parameters(), lr=1e-3),
+                          (torch.randn(2, 6, 8).to(dev),), loss)
+
+
 def _lstm_sgd(dev):
     model = torch.nn.LSTM(8, 16, batch_first=True).to(dev)
     return _training_step(model, torch.optim.SGD(model.parameters(), lr=0.1),
                           (torch.randn(2, 5, 8).to(dev),), lambda m, x: m(x)[0].pow(2).mean())
 
 
-@pytest.mark.parametrize("make", [_mlp_sgd, _mlp_autocast_adamw, _gpt_adamw, _cnn_adam, _lstm_sgd],
+@pytest.mark.parametrize("make", [_mlp_sgd, _mlp_autocast_adamw, _gpt_adamw, _cnn_adam,
+                                  _sdpa_adamw, _lstm_sgd],
                          ids=["mlp sgd", "mlp autocast adamw", "gpt adamw dropout", "cnn adam",
-                              "lstm sgd"])
+                              "sdpa adamw", "lstm sgd"])
 def test_training_steps_after_warm_up_replay_plans_and_run_no_meta_kernel(path, dev, make):
     # Not a timing: what a step does once its shapes were seen. A full trace costs 3-10x a plan
     # (a transformer's view copies took it every step on the functional path), a meta kernel

@@ -150,3 +150,19 @@ def test_rrelu_in_place_writes_self_and_its_noise_on_both_paths(path):
     # the out-of-place overload writes the slopes it drew into `noise` (1 where x > 0)
     torch.testing.assert_close(noise[pos], torch.ones_like(noise[pos]))
     torch.testing.assert_close(r, x * noise)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float64, torch.float16])
+def test_safe_softmax_zeroes_fully_masked_rows_like_eager(path, dev, dtype):
+    # scaled_dot_product_attention's math path calls it every step (it was decomposed each call)
+    inf = float("-inf")
+    x = torch.tensor([[inf, inf, inf], [1.0, 2.0, inf], [-1e5, 0.5, 3.0], [float("nan"), 1.0, inf]])
+    for d in (1, -1, 0):
+        want = torch.ops.aten._safe_softmax(x, d, dtype=dtype)
+        got = torch.ops.aten._safe_softmax(x.to(dev), d, dtype=dtype)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want, equal_nan=True, rtol=1e-3 if dtype else 1e-6,
+                                   atol=1e-6)
+    mask = torch.tensor([[False] * 4] + [[True] * 4] * 3)    # the first query sees nothing
+    check(lambda q, m: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=m),
+          torch.randn(2, 4, 8), mask)

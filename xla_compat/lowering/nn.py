@@ -23,6 +23,18 @@ def softmax(x, d, half_to_float=False, *, aval=None, dtype=None):
     return cast(y, aval.dtype)
 
 
+@lowering(aten._safe_softmax.default, meta=True)
+def safe_softmax(x, d, dtype=None, *, aval):
+    """softmax, with 0 (not NaN) on rows that are all -inf (scaled_dot_product_attention's math
+    path, a fully masked query). As eager: ``softmax(x, d, dtype)`` (x converted to ``dtype``
+    first), the rows found on ``x`` itself."""
+    y = softmax(cast(x, aval.dtype), d, aval=aval)
+    if not x.ndim:
+        return y
+    empty = jnp.all(x == -jnp.inf, axis=dim(d, x.ndim), keepdims=True)
+    return jnp.where(empty, jnp.zeros((), aval.dtype), y)
+
+
 @lowering(aten._log_softmax.default, aten.log_softmax.int, meta=True)
 def log_softmax(x, d, half_to_float=False, *, aval=None, dtype=None):
     if not x.ndim:
