@@ -53,9 +53,9 @@ class FunctionalInner(LazyTensor):
             if out is not None:
                 return out
             if id(func) in _RESTRIDED_IDS and not getattr(_state, "unplanned", False):
-                plan = _RESTRIDED.get(tracer._plan_key(cls, func, args, kwargs))
-                if plan is not None:
-                    return tracer.replay_plan(cls, plan, args, kwargs)
+                out = tracer.replay(cls, func, args, True, kwargs, _RESTRIDED)
+                if out is not None:
+                    return out
         kwargs = kwargs or {}
         if len(types) > 1:
             tracer.check_paths(types, func)

@@ -820,21 +820,17 @@ def forget_plans() -> None:
         memo.clear()
 
 
-def replay(cls, func, args, handled=False, kwargs=None):
+def replay(cls, func, args, handled=False, kwargs=None, plans=_PLANS):
     """The result of ``trace(cls, func, args, kwargs)`` from its plan, or None without one.
 
     First thing in a path's ``__torch_dispatch__`` only ops the path leaves to the tracer
     (``plans_ok``) replay; once the path has ``handled`` the op and called ``trace``, every op's
-    plan replays (a plan is what the tracer alone did)."""
+    plan replays (a plan is what the tracer alone did). ``plans``: another table of plans under
+    the same keys, a path's own (``restrided_plan``)."""
     key = _plan_key(cls, func, args, kwargs)
-    plan = _PLANS.get(key) if key is not None else None
+    plan = plans.get(key) if key is not None else None
     if plan is None or not (handled or plan.first):
         return None
-    return replay_plan(cls, plan, args, kwargs)
-
-
-def replay_plan(cls, plan, args, kwargs=None):
-    """What ``plan`` gives for a call (``replay``'s work once it has the plan)."""
     with lock:
         node = plan_node(plan, call_values(args, kwargs), 3)   # past replay's caller
         if plan.single is None:
@@ -858,7 +854,8 @@ def replay_plan(cls, plan, args, kwargs=None):
 def restrided_plan(plan, outs) -> Plan | None:
     """``plan`` giving outputs laid out as ``outs`` (tensors of the same shapes and dtypes, e.g.
     with eager's strides where a path restrides the tracer's result), or None where they are
-    not alike. Such a plan is the path's to keep and replay (``replay_plan``), not a key's."""
+    not alike. Such a plan is the path's to keep and replay (``replay``'s ``plans``): the
+    tracer's own plan for the key stays as it was."""
     if len(outs) != len(plan.outs) or any(
             tuple(t.shape) != tuple(m.shape) or t.dtype != m.dtype for t, m in zip(outs, plan.outs)):
         return None
