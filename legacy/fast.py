@@ -181,11 +181,13 @@ def _replay_write(plan: _WritePlan, dst, values):
 
 
 def _first_copy(key, dst, args):
-    """copy_ into a view from a tensor of the view's shape and dtype: the full path's checks
-    (overlap, then the meta kernel's), then the view takes the source's value itself (what the
-    copy node computes) -- the same graph the plan builds later, so a loop compiles once."""
+    """copy_ into a view or a whole tensor from a tensor of its shape and dtype: the full path's
+    checks (overlap, then the meta kernel's), then the written tensor takes the source's value
+    itself (what the copy node computes) -- the same graph the plan builds later, so a loop
+    compiles once. The two tensors then share a value, and a buffer after a sync, as ``detach``
+    does (a later write to either rebinds only that one)."""
     src = args[1]
-    if (type(src) is not LegacyTensor or src is dst or not dst._chain or not key[1]):
+    if type(src) is not LegacyTensor or src is dst or not key[1]:
         return None
     g, h = tracer.geometry(dst), tracer.geometry(src)
     if g[0] != h[0] or g[2] != h[2]:

@@ -178,3 +178,30 @@ def test_a_planned_write_keeps_autograd_of_the_view():
             y.t()[2].add_(1)
         (y * y).sum().backward()
     assert_same(db.grad, base.grad)
+
+
+def test_a_copy_into_a_whole_tensor_replays_and_keeps_both_values_through_syncs():
+    # copy_ into a base (no view) binds the source's value as copy_ into a view does: an EMA
+    # model's or a buffer's update each step. Both tensors then hold one value, and one buffer
+    # after a sync: writes to either afterwards (donated buffers included) leave the other alone.
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(4, 5, generator=g), torch.zeros(4, 5)
+    ys = y[1:3]                                   # a view of the written tensor
+    xd, yd = x.to(xc.device()), y.to(xc.device())
+    ysd = yd[1:3]
+    for step in range(4):
+        calls = _full_path_calls(lambda: yd.copy_(xd))
+        y.copy_(x)
+        if step:
+            assert calls == [], calls
+        xd.add_(1.0)
+        x.add_(1.0)
+        if step % 2:
+            yd.mul_(2.0)
+            y.mul_(2.0)
+        xc.sync()
+        assert_same(yd, y)
+        assert_same(xd, x)
+        assert_same(ysd, ys)
+    with pytest.raises(RuntimeError):            # eager's partial-overlap error, planned or not
+        yd[1:].copy_(yd[:-1])
