@@ -427,3 +427,36 @@ def test_training_steps_after_warm_up_replay_plans_and_run_no_meta_kernel(path, 
         tracer.run_meta = real
     assert metas == [], metas
     assert set(slow) <= _MUST_TRACE, sorted(set(slow) - _MUST_TRACE)
+
+
+def test_index_ops_replay_plans_only_after_checking_each_calls_indices(path, dev):
+    # an index op's plan is what its handler traces once the indices passed eager's bounds
+    # check; it never replays before that check, so a bad index raises eager's error however
+    # often the op ran with good ones (indices on the device are checked where their values
+    # are known: device data, not a pending view of it)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 5, generator=g)
+    rows, cols = ([0, 5, 2], [0, 6, 2]), ([0, 4, 2], [0, 5, 2])     # (good, bad) indices
+    ops = {
+        "index_select": (lambda t, i: t.index_select(0, i), rows),
+        "getitem": (lambda t, i: t[i], rows),
+        "gather": (lambda t, i: t.gather(1, i), ([[0], [4], [2]], [[0], [5], [2]])),
+        "embedding": (lambda t, i: torch.nn.functional.embedding(i, t), rows),
+        "cross_entropy": (lambda t, i: torch.nn.functional.cross_entropy(t[:3], i), cols),
+        "index_add_": (lambda t, i: t.clone().index_add_(0, i, torch.ones_like(t[:3])), rows),
+        "index_put_": (lambda t, i: t.clone().index_put_((i,), torch.ones_like(t[0])), rows),
+        "scatter_add_": (lambda t, i: t.clone().scatter_add_(1, i, t[:3, :1]),
+                         ([[0], [4], [2]], [[0], [5], [2]])),
+    }
+    xd = x.to(dev)
+    for name, (op, (good, bad)) in ops.items():
+        good, bad = torch.tensor(good), torch.tensor(bad)
+        for _ in range(3):
+            assert_same(op(xd, good.to(dev)), op(x, good), rtol=1e-6)
+        with pytest.raises((IndexError, RuntimeError)) as want:
+            op(x, bad)
+        with pytest.raises(want.type) as got:
+            op(xd, bad.to(dev))
+        assert str(want.value).split("\n")[0] in str(got.value), (name, got.value)
+    good = torch.tensor(rows[0])
+    assert_same(xd[(-good).to(dev)], x[-good])          # x[i] takes negative indices

@@ -580,17 +580,25 @@ def trace(cls, func, args, kwargs):
             return trace_mutation(cls, func, args, kwargs)
         rule = registry.lookup(func)
         if rule is not None:
-            planned = not rule.random
-            if planned:      # (a path's handler that declined the op may bring it here)
-                out = replay(cls, func, args, True, kwargs)
-                if out is not None:
-                    return out
-            meta_out, _ = meta(func, args, kwargs)
-            node = make_node(func, rule, args, kwargs, _flat_tensors(meta_out))
-            if planned:
-                _remember_plan(cls, func, args, kwargs, node, meta_out)
-            return wrap_outputs(cls, meta_out, node)
+            return trace_rule(cls, func, rule, args, kwargs)
         return decompose_or_fallback(cls, func, args, kwargs)
+
+
+def trace_rule(cls, func, rule, args, kwargs):
+    """``func`` by its lowering ``rule``: from the call's plan, else the cached meta kernel with
+    eager's checks, the node and the outputs, remembered as a plan. Also what a special
+    handler calls once it has looked at the values (``host_values``: index bounds): its op's
+    plan never replays before the handler (``_remember_plan``)."""
+    planned = not rule.random
+    if planned:          # (a path's handler that declined the op may bring it here)
+        out = replay(cls, func, args, CHECKED, kwargs)
+        if out is not None:
+            return out
+    meta_out, _ = meta(func, args, kwargs)
+    node = make_node(func, rule, args, kwargs, _flat_tensors(meta_out))
+    if planned:
+        _remember_plan(cls, func, args, kwargs, node, meta_out)
+    return wrap_outputs(cls, meta_out, node)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -603,12 +611,12 @@ class Plan:
     """What ``trace`` did for one op and argument geometry, to be done again."""
 
     __slots__ = ("op", "rule", "args", "kwargs", "kinds", "avals", "outs", "single", "sig",
-                 "geos", "first", "tensors_at")
+                 "geos", "level", "tensors_at")
 
-    def __init__(self, op, rule, args, kwargs, kinds, avals, outs, single, sig, first):
+    def __init__(self, op, rule, args, kwargs, kinds, avals, outs, single, sig, level):
         self.op, self.rule, self.args, self.kwargs = op, rule, args, kwargs
         self.kinds, self.avals, self.outs, self.single, self.sig = kinds, avals, outs, single, sig
-        self.first = first        # may replay before the path's own handling (plans_ok)
+        self.level = level        # how far a call must have come to replay it (``replay``)
         # single: None for one output tensor, else the type of the output sequence
         # each output's geometry as a plan key holds it (see _geometry_of)
         self.geos = tuple(None if m is None else (tuple(m.shape), tuple(m.stride), m.dtype,
@@ -773,10 +781,13 @@ def static_key(x):
 _STATIC = frozenset({torch.dtype, torch.memory_format, torch.layout, torch.device, str})
 
 
-def _remember_plan(cls, func, args, kwargs, node: Node, meta_out, kinds=None) -> None:
+def _remember_plan(cls, func, args, kwargs, node: Node, meta_out, kinds=None,
+                   special_ok=False) -> None:
     """Keep what tracing this call gave as its plan. ``kinds``: each call value's kind, where a
     handler built the node from other arguments than the call's (``_to_copy``); by default
-    read off the node's templates, which then follow the call's arguments."""
+    read off the node's templates, which then follow the call's arguments. A plan of an op with
+    a special handler replays only once the handler ran, unless ``special_ok`` (the handler
+    decides on what the key holds)."""
     key = _plan_key(cls, func, args, kwargs)
     if key is None:
         return
@@ -803,8 +814,12 @@ def _remember_plan(cls, func, args, kwargs, node: Node, meta_out, kinds=None) ->
         outs, single = tuple(meta_out), type(meta_out)
     else:
         return
+    if func in _SPECIAL and not special_ok:
+        level = CHECKED        # never before the special handler (it looks at index values)
+    else:
+        level = 0 if cls.plans_ok(func) else 1
     keep(_PLANS, key, Plan(node.op, node.rule, node.args, node.kwargs, tuple(kinds), node.avals,
-                           outs, single, node.sig_id(), cls.plans_ok(func)), _PLAN_LIMIT)
+                           outs, single, node.sig_id(), level), _PLAN_LIMIT)
 
 
 # Other caches of what tracing an op gives (a path's own), dropped with the plans.
@@ -820,16 +835,21 @@ def forget_plans() -> None:
         memo.clear()
 
 
+CHECKED = 2     # ``replay``'s ``handled`` once a special handler has looked at the values
+
+
 def replay(cls, func, args, handled=False, kwargs=None, plans=_PLANS):
     """The result of ``trace(cls, func, args, kwargs)`` from its plan, or None without one.
 
-    First thing in a path's ``__torch_dispatch__`` only ops the path leaves to the tracer
-    (``plans_ok``) replay; once the path has ``handled`` the op and called ``trace``, every op's
-    plan replays (a plan is what the tracer alone did). ``plans``: another table of plans under
-    the same keys, a path's own (``restrided_plan``)."""
+    How far the call has come (``handled``) decides which plans may replay (their ``level``):
+    first thing in a path's ``__torch_dispatch__`` (False) only ops the path leaves to the
+    tracer (``plans_ok``); once the path has handled the op (True) every op's plan (a plan is
+    what the tracer alone did), except those of ops with a special handler, which replay only
+    from ``trace_rule`` after the handler's checks (``CHECKED``). ``plans``: another table of
+    plans under the same keys, a path's own (``restrided_plan``)."""
     key = _plan_key(cls, func, args, kwargs)
     plan = plans.get(key) if key is not None else None
-    if plan is None or not (handled or plan.first):
+    if plan is None or handled < plan.level:
         return None
     with lock:
         node = plan_node(plan, call_values(args, kwargs), 3)   # past replay's caller
@@ -862,7 +882,7 @@ def restrided_plan(plan, outs) -> Plan | None:
     metas = tuple(TMeta(tuple(t.shape), t.dtype, tuple(t.stride()), t.storage_offset())
                   for t in outs)
     return Plan(plan.op, plan.rule, plan.args, plan.kwargs, plan.kinds, plan.avals, metas,
-                plan.single, plan.sig, True)
+                plan.single, plan.sig, 0)
 
 
 def _value_of(node: Node, index: int) -> Value:
@@ -1329,7 +1349,8 @@ def _to_copy(cls, func, args, kwargs):
     # refuses for an in-place op's result (float to int): a path may raise for those on what
     # no key holds (the functional path's ``writes_eager._written_cast``).
     if torch.can_cast(x.dtype, dtype):
-        _remember_plan(cls, func, args, kwargs, node, meta_out, (_TENSOR,) + (0,) * len(kwargs))
+        _remember_plan(cls, func, args, kwargs, node, meta_out, (_TENSOR,) + (0,) * len(kwargs),
+                       special_ok=True)
     return cls(Value(node, 0), meta_out.shape, dtype, meta_out.stride, meta_out.offset)
 
 

@@ -35,17 +35,15 @@ from .registry import Rule, aten, lookup
 
 
 def trace_rule(cls, func, args, kwargs):
-    """What the tracer does for an op with a lowering rule (special handlers bypass it): the
-    cached meta kernel with eager's checks (``tracer.meta``), the node, the outputs. Not planned:
-    the handler's own look at the values runs on every call."""
+    """What the tracer does for an op with a lowering rule (special handlers bypass it): its plan,
+    else the cached meta kernel with eager's checks (``tracer.trace_rule``). The handler's own
+    look at the values runs before, on every call."""
     if func._schema.is_mutable:
         return tracer.trace_mutation(cls, func, args, kwargs)
     rule = lookup(func)
     if rule is None:
         return tracer.decompose_or_fallback(cls, func, args, kwargs)
-    meta_out, _ = tracer.meta(func, args, kwargs)
-    node = tracer.make_node(func, rule, args, kwargs, tracer._flat_tensors(meta_out))
-    return tracer.wrap_outputs(cls, meta_out, node)
+    return tracer.trace_rule(cls, func, rule, args, kwargs)
 
 
 def to_device(cls, t: torch.Tensor) -> LazyTensor:
