@@ -876,8 +876,8 @@ def restrided_plan(plan, outs) -> Plan | None:
     with eager's strides where a path restrides the tracer's result), or None where they are
     not alike. Such a plan is the path's to keep and replay (``replay``'s ``plans``): the
     tracer's own plan for the key stays as it was."""
-    if len(outs) != len(plan.outs) or any(
-            tuple(t.shape) != tuple(m.shape) or t.dtype != m.dtype for t, m in zip(outs, plan.outs)):
+    if len(outs) != len(plan.outs) or any(m is None or tuple(t.shape) != tuple(m.shape)
+                                          or t.dtype != m.dtype for t, m in zip(outs, plan.outs)):
         return None
     metas = tuple(TMeta(tuple(t.shape), t.dtype, tuple(t.stride()), t.storage_offset())
                   for t in outs)
