@@ -52,10 +52,6 @@ class FunctionalInner(LazyTensor):
             out = tracer.replay(cls, func, args, False, kwargs)   # traced before, this geometry
             if out is not None:
                 return out
-            if id(func) in _RESTRIDED_IDS and not getattr(_state, "unplanned", False):
-                out = tracer.replay(cls, func, args, True, kwargs, _RESTRIDED)
-                if out is not None:
-                    return out
         kwargs = kwargs or {}
         if len(types) > 1:
             tracer.check_paths(types, func)
@@ -121,17 +117,11 @@ def forget_plans() -> None:
     tracer.forget_plans()
 
 
-# View copies the tracer alone traces (no handler here, not viewchain's): what trace and
-# _restride gave, as a plan (tracer.restrided_plan) keyed as the tracer's plans are. Replayed
-# before anything else where the tracer's own plan would be: view_copy, expand_copy, split_copy,
-# unbind_copy... are in every step of a model (a transformer's heads, an LSTM's time steps).
-_RESTRIDED: dict = {}
-_RESTRIDED_IDS: set = set()
-_RESTRIDED_LIMIT = 65536
-tracer.plan_memos.append(_RESTRIDED)
-
-
 def _remember_restrided(cls, func, args, kwargs, out) -> None:
+    """A view copy the tracer alone traced (no handler here, not viewchain's): its plan becomes
+    what trace and _restride gave (``tracer.restrided_plan``), replayed first thing next time.
+    view_copy, expand_copy, split_copy, unbind_copy... are in every step of a model (a
+    transformer's heads, an LSTM's time steps)."""
     if getattr(_state, "unplanned", False) or getattr(_state, "pending", None) is not None:
         return
     key = tracer._plan_key(cls, func, args, kwargs)
@@ -143,8 +133,7 @@ def _remember_restrided(cls, func, args, kwargs, out) -> None:
         return
     planned = tracer.restrided_plan(plan, outs)
     if planned is not None:
-        _RESTRIDED_IDS.add(id(func))
-        tracer.keep(_RESTRIDED, key, planned, _RESTRIDED_LIMIT)
+        tracer.keep(tracer._PLANS, key, planned, tracer._PLAN_LIMIT)
 
 
 def _restride(cls, out, geometry):

@@ -838,17 +838,16 @@ def forget_plans() -> None:
 CHECKED = 2     # ``replay``'s ``handled`` once a special handler has looked at the values
 
 
-def replay(cls, func, args, handled=False, kwargs=None, plans=_PLANS):
+def replay(cls, func, args, handled=False, kwargs=None):
     """The result of ``trace(cls, func, args, kwargs)`` from its plan, or None without one.
 
     How far the call has come (``handled``) decides which plans may replay (their ``level``):
     first thing in a path's ``__torch_dispatch__`` (False) only ops the path leaves to the
     tracer (``plans_ok``); once the path has handled the op (True) every op's plan (a plan is
     what the tracer alone did), except those of ops with a special handler, which replay only
-    from ``trace_rule`` after the handler's checks (``CHECKED``). ``plans``: another table of
-    plans under the same keys, a path's own (``restrided_plan``)."""
+    from ``trace_rule`` after the handler's checks (``CHECKED``)."""
     key = _plan_key(cls, func, args, kwargs)
-    plan = plans.get(key) if key is not None else None
+    plan = _PLANS.get(key) if key is not None else None
     if plan is None or handled < plan.level:
         return None
     with lock:
@@ -873,9 +872,9 @@ def replay(cls, func, args, handled=False, kwargs=None, plans=_PLANS):
 
 def restrided_plan(plan, outs) -> Plan | None:
     """``plan`` giving outputs laid out as ``outs`` (tensors of the same shapes and dtypes, e.g.
-    with eager's strides where a path restrides the tracer's result), or None where they are
-    not alike. Such a plan is the path's to keep and replay (``replay``'s ``plans``): the
-    tracer's own plan for the key stays as it was."""
+    with eager's strides where a path restrides the tracer's result), replayable first thing,
+    or None where they are not alike. A path that always restrides an op's result keeps it in
+    the plan's place: the tracer's own callers then get the restrided tensors too."""
     if len(outs) != len(plan.outs) or any(m is None or tuple(t.shape) != tuple(m.shape)
                                           or t.dtype != m.dtype for t, m in zip(outs, plan.outs)):
         return None
