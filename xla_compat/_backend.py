@@ -1,7 +1,6 @@
 """Registers PyTorch's PrivateUse1 key as the ``hlo`` device, once, at import."""
 from __future__ import annotations
 
-import itertools
 import types
 
 import torch
@@ -58,14 +57,5 @@ class _BackendModule(types.ModuleType):
             f"torch.load(f, map_location='{NAME}').")
 
 
-class _DeviceGuard(torch._C._acc.DeviceGuard):
-    """The device guard torch's C++ asks for the device type, several times per autograd node.
-    torch's default answers from a Python method (a frame per call: ~1,300 calls in a GPT training
-    step); this one answers from a builtin bound to the constant, which C++ calls without one."""
-
-    type_ = itertools.repeat(torch._C._autograd.DeviceType.PrivateUse1).__next__
-
-
 if torch._C._get_privateuse1_backend_name() != NAME:
-    _setup_privateuseone_for_python_backend(NAME, backend_module=_BackendModule(f"torch.{NAME}"),
-                                            device_guard=_DeviceGuard())
+    _setup_privateuseone_for_python_backend(NAME, backend_module=_BackendModule(f"torch.{NAME}"))
