@@ -356,7 +356,7 @@ def install() -> None:
     if _lib is not None:
         return
     handles(aten._to_copy.default)(_written_cast)
-    handles(aten.copy.default)(_copy)
+    handles(aten.copy.default, wraps=True)(_copy)         # (calls _copy_next)
     _lib = torch.library.Library("aten", "IMPL")
     _lib.impl("polygamma_", _polygamma_, "Functionalize")
     meta_kernels = global_decomposition_table["meta"]
@@ -367,5 +367,5 @@ def install() -> None:
         override(_lib, op, _meta_hook(op, original), "Meta")
         functional = tracer.mutation_info(op)[2]
         if functional is not None:
-            handles(functional)(_keep_written_layout(_HANDLERS.get(functional)))
+            handles(functional, wraps=True)(_keep_written_layout(_HANDLERS.get(functional)))
     forget_plans()

@@ -545,8 +545,8 @@ def run_out_op(func, plan: OutPlan, args, kwargs):
         if not checked and plan.others and not torch.can_cast(r.dtype, t.dtype):
             raise RuntimeError(
                 f"result type {tracer.type_name(r.dtype)} can't be cast to the desired output "
-                f"type {tracer.type_name(t.dtype)}\n  (xla_compat: raised by {func} with inputs "
-                f"{tracer.describe((args, list(kwargs.values())))})")
+                f"type {tracer.type_name(t.dtype)}"
+                + tracer.raised_by(func, (args, list(kwargs.values()))))
         if tuple(t.shape) != tuple(r.shape):
             resize_out(t, r.shape)
         if not overlap.last_write(t, r, [t] + tracer._flat_tensors((args, list(f_kwargs.values())))):

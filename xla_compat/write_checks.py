@@ -440,9 +440,8 @@ def _index_put_dtypes(func, bound):
         name = tracer.type_name
         raise RuntimeError(
             f"Index put requires the source and destination dtypes match, got "
-            f"{name(self.dtype)} for the destination and {name(values.dtype)} for the source.\n"
-            f"  (xla_compat: raised by {func} with inputs "
-            f"{tracer.describe(list(bound.values()))})")
+            f"{name(self.dtype)} for the destination and {name(values.dtype)} for the source."
+            + tracer.raised_by(func, list(bound.values())))
 
 
 # -- in-place foreach ops: eager writes tensor by tensor ----------------------------------------------

@@ -181,13 +181,32 @@ _SIG_LIMIT = 1 << 20
 
 
 def sig_id(signature: tuple) -> int:
-    """A small int standing for one hashable node signature for the life of the process."""
+    """A small int standing for one hashable node signature for the life of the process.
+    Numbers in it count by type and bits (``typed``), not by ``==``."""
+    signature = typed(signature)
     s = _sig_ids.get(signature)
     if s is None:
         if len(_sig_ids) >= _SIG_LIMIT:
             _sig_ids.clear()
         s = _sig_ids[signature] = next(_next_sig)
     return s
+
+
+def typed(x):
+    """``x`` with every number (in plain tuples and lists, recursively) as its type and exact
+    value: Python finds ``0 == 0.0 == 0j == False`` and ``-0.0 == 0.0``, and ``nan`` unequal to
+    itself, but ``pow(x, 0)`` and ``pow(x, 0j)`` lower differently, and ``nan_to_num(nan=-0.0)``
+    must not run the executable compiled for ``nan=0.0``."""
+    t = type(x)
+    if t is float:
+        return (float, x.hex())
+    if t is int or t is bool:
+        return (t, x)
+    if t is complex:
+        return (complex, x.real.hex(), x.imag.hex())
+    if t is tuple or t is list:
+        return (t, tuple(map(typed, x)))
+    return x
 
 
 def reaches(values) -> set:

@@ -329,10 +329,16 @@ def call_key(head: list, args, kwargs):
 
 def op_table(table: dict):
     """A decorator factory: ``@deco(op1, op2)`` enters the function in ``table`` for each op
-    (the one registration pattern of the tracer's and the paths' per-op tables)."""
-    def deco(*ops):
+    (the one registration pattern of the tracer's and the paths' per-op tables). An op has one
+    function per table: a second is refused (two modules registering for one op, the later
+    silently winning, hid a check), unless ``wraps=True`` says it calls the one it replaces."""
+    def deco(*ops, wraps: bool = False):
         def register(fn):
             for op in ops:
+                held = table.get(op)
+                if held is not None and held is not fn and not wraps:
+                    raise RuntimeError(f"xla_compat: {op} already has {held.__qualname__} in "
+                                       f"this table; {fn.__qualname__} would replace it")
                 table[op] = fn
             return fn
         return register
@@ -498,10 +504,16 @@ def run_meta(func, args, kwargs, memo=None):
         _reraise(eager_cast_error(func, args, kwargs, e) or e, func, (args, list(kwargs.values())))
 
 
+def raised_by(func, inputs, more: str = "") -> str:
+    """The line an error of ``func`` ends with: the op and its inputs' dtypes and shapes
+    (``describe``), then ``more`` (what to do about it)."""
+    return f"\n  (xla_compat: raised by {func} with inputs {describe(inputs)}{more})"
+
+
 def _reraise(e: Exception, func, args):
     msg = str(e)
     if str(func) not in msg:
-        msg = f"{msg}\n  (xla_compat: raised by {func} with inputs {describe(args)})"
+        msg = msg + raised_by(func, args)
     try:
         err = type(e)(msg)
     except Exception:
@@ -666,7 +678,8 @@ def _plan_key(cls, func, args, kwargs=None):
             free = _FREE.get(id(func))
             if free is None:
                 free = free_floats(func)
-            parts.append(float if free and -_HALF_MAX <= x <= _HALF_MAX else (tx, x))
+            parts.append(float if free and -_HALF_MAX <= x <= _HALF_MAX else
+                         (tx, x) if x == x and x else ir.typed(x))
         else:
             k = arg_key(func, x, cls)
             if k is NO_KEY:
@@ -766,7 +779,8 @@ def static_key(x):
     True promote differently), or NO_KEY for one no plan may hold."""
     tx = type(x)
     if tx in _NUMBER:
-        return (tx, x)
+        # a zero's sign and NaN by their bits (-0.0 == 0.0, and nan is unequal to itself)
+        return (tx, x) if x == x and x else ir.typed(x)
     if x is None or tx in _STATIC:
         return x
     if tx is list or tx is tuple:
@@ -976,6 +990,7 @@ def _decompositions() -> dict:
 
 
 def decompose_or_fallback(cls, func, args, kwargs):
+    _check_before_decomposing(func, args, kwargs)
     decomposed = func.decompose(*args, **kwargs)
     if decomposed is not NotImplemented:
         return decomposed
@@ -984,6 +999,26 @@ def decompose_or_fallback(cls, func, args, kwargs):
         metrics.inc("Decomposed")
         return decomp(*args, **kwargs)
     return cpu_fallback(cls, func, args, kwargs)
+
+
+# meta_key()s of decomposed calls whose every-op checks passed (they run once per signature, as
+# with a meta kernel's).
+_CHECKED_DECOMPOSED: dict = {}
+
+
+def _check_before_decomposing(func, args, kwargs) -> None:
+    """An op without a rule runs as its decomposition, whose parts may take dtypes the op's CPU
+    kernel refuses (``logaddexp`` of integers decomposes to ops that take them): the every-op
+    checks (``eager_checks.cpu_kernel_dtypes``) ask about the op itself first."""
+    if not _EVERY_OP_CHECKS:
+        return
+    key = meta_key(func, args, kwargs)
+    if key is not None and key in _CHECKED_DECOMPOSED:
+        return
+    for check in _EVERY_OP_CHECKS:
+        check(func, args, kwargs)
+    if key is not None:
+        keep(_CHECKED_DECOMPOSED, key, True, _META_CACHE_LIMIT)
 
 
 def functional_results(cls, func, args, kwargs):
@@ -1047,8 +1082,7 @@ def check_result_cast(func, functional, f_call, mutated) -> None:
         if r.dtype != m.dtype and not torch.can_cast(r.dtype, m.dtype):
             raise RuntimeError(
                 f"result type {type_name(r.dtype)} can't be cast to the desired output type "
-                f"{type_name(m.dtype)}\n  (xla_compat: raised by {func} with inputs "
-                f"{describe(f_call)})")
+                f"{type_name(m.dtype)}" + raised_by(func, f_call))
 
 
 # Meta kernels' own words for a result dtype a write cannot take (torch._prims_common.wrappers,

@@ -7,15 +7,16 @@ from jax import lax
 
 
 def cast(x, dtype):
-    """Convert like torch's ``.to(dtype)``: bool means nonzero, complex to real keeps the real part."""
+    """Convert like torch's ``.to(dtype)``: bool means nonzero (a complex value: either part),
+    complex to any other real dtype keeps the real part."""
     dtype = np.dtype(dtype)
     if getattr(x, "dtype", None) == dtype:
         return x
     x = jnp.asarray(x)
-    if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
-        x = jnp.real(x)
     if dtype == np.bool_:
         return x != 0
+    if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        x = jnp.real(x)
     return lax.convert_element_type(x, dtype)
 
 

@@ -29,8 +29,7 @@ def _overloads(*packets):
 
 
 def _raise(func, bound, message: str):
-    raise RuntimeError(f"{message}\n  (xla_compat: raised by {func} with inputs "
-                       f"{tracer.describe(list(bound.values()))})")
+    raise RuntimeError(message + tracer.raised_by(func, list(bound.values())))
 
 
 def _raise_eager_error(func, bound, call) -> None:
@@ -245,12 +244,58 @@ def _exponent_fits(func, b):
 
 # -- eager's words where a meta kernel refuses a call with its own -------------------------------
 
-@tracer.eager_check_first(*_overloads(aten.masked_fill, aten.masked_fill_))
-def _boolean_mask(func, b):
+_MASKED_FILLS = _overloads(aten.masked_fill, aten.masked_fill_)
+
+
+@tracer.eager_check_first(*_MASKED_FILLS)
+def _masked_fill_arguments(func, b):
+    """A boolean mask, and a value the tensor's dtype can take (``_complex_fill_fits``)."""
     mask = b.get("mask")
     if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
         _raise(func, b, f"masked_fill_ only supports boolean masks, but got mask with dtype "
                         f"{_CPP_NAME.get(mask.dtype, mask.dtype)}")
+    _complex_fill_fits(func, b)
+
+
+def _complex_fill(b):
+    """(self, value) where eager converts a complex fill value to a non-complex tensor's dtype
+    (bool: nonzero; others: the real part, refused when there is an imaginary part), else None."""
+    x, value = b.get("self"), b.get("value")
+    if not isinstance(x, torch.Tensor) or x.dtype.is_complex:
+        return None
+    if type(value) is complex or (isinstance(value, torch.Tensor) and value.dtype.is_complex):
+        return x, value
+    return None
+
+
+def _complex_fill_fits(func, b):
+    """A complex number with an imaginary part cannot fill a real tensor (a complex tensor
+    value's parts are checked on the host: host_values)."""
+    found = _complex_fill(b)
+    if found is not None and type(found[1]) is complex:
+        x, value = found
+        if x.dtype != torch.bool and value.imag != 0:
+            _raise(func, b, f"value cannot be converted to type "
+                            f"{_CONVERT_NAME.get(x.dtype, x.dtype)} without overflow")
+
+
+@tracer.meta_arguments(*_MASKED_FILLS)
+def _complex_fill_stand_in(func, args, kwargs):
+    """The meta kernels refuse every complex value for a real tensor, where eager converts it
+    (``_complex_fill``): they run on the converted value's stand-in."""
+    found = _complex_fill(tracer.bind(func, args, kwargs))
+    if found is None:
+        return args, kwargs
+    x, value = found
+    if type(value) is complex:
+        stand_in = bool(value) if x.dtype == torch.bool else value.real
+    else:
+        stand_in = torch.empty_strided(value.shape, value.stride(), dtype=x.dtype, device="meta")
+    names = [a.name for a in func._schema.arguments]
+    i = names.index("value")
+    if i < len(args):
+        return (*args[:i], stand_in, *args[i + 1:]), kwargs
+    return args, {**kwargs, "value": stand_in}
 
 
 @tracer.eager_check_first(*_overloads(aten.lerp, aten.lerp_))
@@ -378,11 +423,9 @@ def _asked(func) -> bool:
 
 def _raise_not_implemented(func, args, kwargs, e: Exception):
     message = str(e).splitlines()[0]
-    raise type(e)(
-        f"{message}\n  (xla_compat: raised by {func} with inputs "
-        f"{tracer.describe([*args, *kwargs.values()])}: CPU eager has no kernel for these "
-        f"dtypes, so the device refuses the call too; convert the inputs to a dtype the op "
-        f"takes)") from None
+    raise type(e)(message + tracer.raised_by(
+        func, [*args, *kwargs.values()], ": CPU eager has no kernel for these dtypes, so the "
+        "device refuses the call too; convert the inputs to a dtype the op takes")) from None
 
 
 def t_in_place_dims(t: torch.Tensor) -> None:

@@ -228,8 +228,31 @@ def _pow(x, y):
     # complex64 in complex128: XLA's float32 complex power (atan2, log, exp, sin, cos of the
     # parts) lands tens of ulps from the exact power where the exponent is large; eager's
     # (glibc's cpowf) a few
-    acc = jnp.complex128 if x.dtype == jnp.complex64 else compute_dtype(x.dtype)
-    return cast(jnp.power(cast(x, acc), cast(y, acc)), x.dtype)
+    dtype = x.dtype
+    acc = jnp.complex128 if dtype == jnp.complex64 else compute_dtype(dtype)
+    x, y = cast(x, acc), cast(y, acc)
+    out = jnp.power(x, y)
+    if jnp.issubdtype(acc, jnp.complexfloating):
+        out = jnp.where(x == 0, _complex_pow_of_zero(x, y), out)
+    return cast(out, dtype)
+
+
+def _complex_pow_of_zero(x, y):
+    """Eager's complex ``0 ** y``: C's ``cexp(y * clog(0))``, with clog(0) = -inf + i*arg(x),
+    the product as c10 multiplies (``-inf * 0`` is nan) and cexp's answers where its argument is
+    not finite (C99 Annex G): 0 where the real part is -inf (y.real > 0), (inf, nan) where it is
+    +inf and nan otherwise. XLA's complex power gives nan for every y but 0 and positive reals."""
+    a, b = jnp.real(y), jnp.imag(y)
+    theta = jnp.arctan2(jnp.imag(x), jnp.real(x))
+    re = -jnp.inf * a - theta * b
+    im = -jnp.inf * b + theta * a
+    mag = jnp.exp(re)
+    finite = jnp.where(im == 0, lax.complex(mag, im), lax.complex(mag * jnp.cos(im),
+                                                                    mag * jnp.sin(im)))
+    inf_re = jnp.where(jnp.isfinite(im), finite, lax.complex(jnp.inf * jnp.ones_like(re),
+                                                             jnp.nan * jnp.ones_like(re)))
+    out = jnp.where(re == jnp.inf, inf_re, finite)
+    return jnp.where(re == -jnp.inf, jnp.zeros_like(out), out)
 
 
 def _powi(x, y):
@@ -257,6 +280,10 @@ def pow_ts(x, exponent, *, aval):
     # Eager multiplies out small integer powers in the tensor's dtype (x*x*x, 1/(x*x)) and
     # computes other powers in float32 for bfloat16, rounding once.
     from . import opmath
+    if exponent == 0:             # eager fills ones (0 ** 0j included) and copies for 1
+        return jnp.ones(aval.shape, aval.dtype)
+    if exponent == 1:
+        return cast(x, aval.dtype)
     if aval.dtype in opmath.LOW:
         return _pow_low(x, exponent, aval.dtype)
     x = cast(x, aval.dtype)

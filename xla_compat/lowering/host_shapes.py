@@ -76,16 +76,13 @@ def _unique_dim(cls, func, args, kwargs):
                          lambda h: func(h, d)[0])
 
 
-_flat_unique_consecutive = host_values._unique_consecutive_special
-
-
 @tracer.special(aten.unique_consecutive.default)
 def _unique_consecutive(cls, func, args, kwargs):
     """Along a dim: consecutive distinct slices; without one: host_values' flat version."""
     b = tracer.bind(func, args, kwargs)
     d = b.get("dim")
     if d is None:
-        return _flat_unique_consecutive(cls, func, args, kwargs)
+        return host_values.unique_consecutive_flat(cls, func, args, kwargs)
     x = b["self"]
     return _unique_along(cls, func, x, d, True,
                          lambda h: torch.ops.aten.unique_consecutive(h, dim=d)[0])

@@ -217,6 +217,23 @@ def _known_count(mask, shape) -> int | None:
     return None if a is None else int(np.broadcast_to(a, tuple(shape)).sum())
 
 
+@tracer.special(aten.masked_fill.Tensor, aten.masked_fill_.Tensor, aten.masked_fill.Tensor_out)
+def _masked_fill_complex_value(cls, func, args, kwargs):
+    """A complex 0-dim tensor filling a real, non-bool tensor: eager reads its value (``item()``)
+    and refuses one with an imaginary part; so does this, reading it on the host (a pending one
+    runs its graph, as eager's read does). Any other value is not looked at."""
+    b = tracer.bind(func, args, kwargs)
+    x, value = b.get("self"), b.get("value")
+    if (isinstance(value, torch.Tensor) and value.dtype.is_complex and isinstance(x, torch.Tensor)
+            and not x.dtype.is_complex and x.dtype != torch.bool and value.dim() == 0):
+        v = _known_values(value)
+        if v is None:
+            v = _host_values(value).numpy()
+        if complex(v).imag != 0:
+            raise_like_cpu(func, args, kwargs)
+    return trace_rule(cls, func, args, kwargs)
+
+
 @tracer.special(aten.masked_scatter.default, aten.masked_scatter_.default)
 def _masked_scatter(cls, func, args, kwargs):
     """Eager refuses a source with fewer elements than the mask selects; a mask known on the
@@ -273,8 +290,7 @@ def _check_indices(func, args, kwargs, x, indices):
 def _check_index_types(func, x, indices, args) -> None:
     """Eager's IndexErrors for index tensors (the meta kernel raises RuntimeError, or nothing)."""
     def fail(message):
-        raise IndexError(f"{message}\n  (xla_compat: raised by {func} with inputs "
-                         f"{tracer.describe(args)})")
+        raise IndexError(message + tracer.raised_by(func, args))
     dim = 0
     for i in indices:
         if i is None:
@@ -366,8 +382,8 @@ def _unique_consecutive(x, n, return_inverse, return_counts):
     return out, inv, counts
 
 
-@tracer.special(aten.unique_consecutive.default)
-def _unique_consecutive_special(cls, func, args, kwargs):
+def unique_consecutive_flat(cls, func, args, kwargs):
+    """``unique_consecutive`` without a dim (host_shapes' special handler takes both forms)."""
     b = tracer.bind(func, args, kwargs)
     x = b["self"]
     if b.get("dim") is not None:
