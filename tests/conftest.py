@@ -98,6 +98,24 @@ def _device_tensors(x):
             yield from _device_tensors(e)
 
 
+# The backend the suite runs on (CI: "cpu"). XLA:TPU's float32 is not XLA:CPU's: its
+# transcendentals agree with a float64 reference to four or five digits (KINDS.md), so a few
+# training steps land 1e-5 to 4e-5 from eager (session 31 measured the 20 such cases of a TPU
+# run). There, tolerances written for XLA:CPU take this floor (torch_xla's tests carry per-device
+# precision overrides for the same reason); on the CPU they stand as written.
+PLATFORM = __import__("jax").default_backend()
+PLATFORM_TOLERANCE = {"tpu": (1e-3, 1e-4)}
+
+
+def tolerance(rtol: float, atol: float) -> dict:
+    """``rtol=, atol=`` (for ``torch.testing.assert_close``) comparing floating results with
+    eager's on this platform."""
+    floor = PLATFORM_TOLERANCE.get(PLATFORM)
+    if floor is not None:
+        rtol, atol = max(rtol, floor[0]), max(atol, floor[1])
+    return {"rtol": rtol, "atol": atol}
+
+
 def assert_same(actual, expected, rtol=1.3e-6, atol=1e-5, msg=""):
     """Compare a device tensor (or nested structure) with a CPU reference.
 
@@ -118,6 +136,8 @@ def assert_same(actual, expected, rtol=1.3e-6, atol=1e-5, msg=""):
         a = actual.detach().cpu() if isinstance(actual, torch.Tensor) else torch.as_tensor(actual)
         assert a.dtype == expected.dtype, f"{msg} dtype {a.dtype} != {expected.dtype}"
         assert a.shape == expected.shape, f"{msg} shape {tuple(a.shape)} != {tuple(expected.shape)}"
+        if expected.is_floating_point() or expected.is_complex():
+            rtol, atol = tolerance(rtol, atol).values()
         torch.testing.assert_close(a, expected.detach(), rtol=rtol, atol=atol, equal_nan=True,
                                    msg=(lambda m: f"{msg}: {m}") if msg else None)
         return

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import xla_compat as xc
 from xla_compat import metrics
 from xla_compat.dualrun import PairTensor
+from tests.conftest import tolerance
 from tests.models import MLP
 from tests.test_dualrun_function import planted_select_scatter_bug
 
@@ -40,13 +41,13 @@ def test_lockstep_training_matches_cpu_and_finds_no_divergence(dev):
                 out.append(loss)
             xc.sync()
     for a, b in zip(dev_losses, ref_losses):
-        torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), **tolerance(1e-5, 1e-6))
     assert ls.first_divergence is None
     assert ls.results and all(r.match for r in ls.results), \
         [str(m) for r in ls.results for m in r.mismatches]
     assert metrics.counter("DualRunMismatch") == 0
     for p, q in zip(model.parameters(), cpu.parameters()):
-        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), **tolerance(1e-5, 1e-6))
 
 
 def test_lockstep_names_the_planted_op_and_its_source_line(dev):

@@ -37,6 +37,17 @@ _JAX_TO_TORCH = {v: k for k, v in _TORCH_TO_JAX.items()}
 _BITCAST = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
 
 
+def platform() -> str:
+    """The platform graphs compile for: jax's default backend ("cpu", "gpu", "tpu")."""
+    global _PLATFORM
+    if _PLATFORM is None:
+        _PLATFORM = jax.default_backend()
+    return _PLATFORM
+
+
+_PLATFORM = None
+
+
 def to_jax_dtype(dtype: torch.dtype):
     try:
         return _TORCH_TO_JAX[dtype]

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import xla_compat as xc
 from xla_compat import metrics, paths, settings
+from tests.conftest import tolerance
 
 
 class SmallCNN(nn.Module):
@@ -54,7 +55,7 @@ def test_small_cnn_trains_like_cpu_eager():
     cpu_losses = _train(cpu_model, x, y, "cpu")
     assert metrics.fallback_ops() == []      # every op ran as XLA, none on the CPU
     torch.testing.assert_close(torch.tensor(dev_losses), torch.tensor(cpu_losses),
-                               rtol=1e-5, atol=1e-6)
+                               **tolerance(1e-5, 1e-6))
     assert cpu_losses[-1] < cpu_losses[0]
     for name, value in cpu_model.state_dict().items():
-        torch.testing.assert_close(dev_state[name], value, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(dev_state[name], value, **tolerance(1e-5, 1e-6), msg=name)

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax
+
 
 def cast(x, dtype):
     """Convert like torch's ``.to(dtype)``: bool means nonzero (a complex value: either part),
@@ -15,9 +17,23 @@ def cast(x, dtype):
     x = jnp.asarray(x)
     if dtype == np.bool_:
         return x != 0
-    if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
+    complex_in = jnp.issubdtype(x.dtype, jnp.complexfloating)
+    if complex_in and not jnp.issubdtype(dtype, jnp.complexfloating):
         x = jnp.real(x)
+    elif dtype == np.complex128 or (complex_in and x.dtype == np.complex128):
+        if _jax.platform() == "tpu":
+            return _complex_by_parts(x, dtype, complex_in)
     return lax.convert_element_type(x, dtype)
+
+
+def _complex_by_parts(x, dtype, complex_in: bool):
+    """A conversion to or from complex128, part by part: XLA:TPU aborts the process on a direct
+    one ("Unsupported CVT X{64|128} expansion from c64 to c128"), while it converts float32 to
+    float64 and builds complex128 from two float64s."""
+    part = np.float64 if dtype == np.complex128 else np.float32
+    re = lax.convert_element_type(jnp.real(x) if complex_in else x, part)
+    im = lax.convert_element_type(jnp.imag(x), part) if complex_in else jnp.zeros_like(re)
+    return lax.complex(re, im)
 
 
 def to(dtype, *xs):

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax
 from ._helpers import cast, is_float, is_int, to
 from .registry import aten, lowering
 
@@ -225,16 +226,22 @@ def pow_tt(x, y, *, aval):
 def _pow(x, y):
     if is_int(x.dtype) or x.dtype == jnp.bool_:
         return _powi(x, cast(y, x.dtype))
+    dtype = x.dtype
+    if not jnp.issubdtype(dtype, jnp.complexfloating):
+        acc = compute_dtype(dtype)
+        return cast(jnp.power(cast(x, acc), cast(y, acc)), dtype)
     # complex64 in complex128: XLA's float32 complex power (atan2, log, exp, sin, cos of the
     # parts) lands tens of ulps from the exact power where the exponent is large; eager's
     # (glibc's cpowf) a few
-    dtype = x.dtype
-    acc = jnp.complex128 if dtype == jnp.complex64 else compute_dtype(dtype)
-    x, y = cast(x, acc), cast(y, acc)
-    out = jnp.power(x, y)
-    if jnp.issubdtype(acc, jnp.complexfloating):
-        out = jnp.where(x == 0, _complex_pow_of_zero(x, y), out)
-    return cast(out, dtype)
+    if _jax.platform() == "tpu":
+        # XLA:TPU aborts the process compiling a complex128 power (a failed check in its
+        # precision rewriter): complex64 stays in complex64, complex128 takes exp(y * log(x))
+        x, y = cast(x, dtype), cast(y, dtype)
+        out = jnp.power(x, y) if dtype == jnp.complex64 else jnp.exp(y * jnp.log(x))
+    else:
+        x, y = cast(x, jnp.complex128), cast(y, jnp.complex128)
+        out = jnp.power(x, y)
+    return cast(jnp.where(x == 0, _complex_pow_of_zero(x, y), out), dtype)
 
 
 def _complex_pow_of_zero(x, y):
