@@ -165,6 +165,38 @@ def test_refused_operands_raise_eagers_words(path, dev, fn, args):
     assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
 
 
+_COMPLEX = torch.tensor([1 + 2j, -0.5j, 3.0])
+
+
+@pytest.mark.parametrize("fn,arg", [
+    (torch.sign, _COMPLEX), (torch.floor, _COMPLEX), (torch.ceil, _COMPLEX),
+    (torch.trunc, _COMPLEX), (torch.relu, torch.tensor([True, False])),
+    (lambda x: x.clone().relu_(), torch.tensor([True, False])),
+    (lambda x: x.clone().abs_(), torch.tensor([True, False])),
+    (lambda x: x.clone().sign_(), _COMPLEX),
+    (lambda x: x.clone().floor_(), _COMPLEX),
+], ids=["sign complex", "floor complex", "ceil complex", "trunc complex", "relu bool",
+        "relu_ bool", "abs_ bool", "sign_ complex", "floor_ complex"])
+def test_dtypes_eagers_kernel_refuses_are_refused_in_its_words(path, dev, fn, arg):
+    """Eager's CPU kernels refuse these dtypes in their own words (sign of a complex: use sgn;
+    rounding a complex; relu of a bool; in-place abs of a bool, whose in-place overload lacks the
+    pointwise tag its functional form has); the device computed them (sign, relu, abs_) or
+    failed in jax's words (floor of a complex)."""
+    expected = cpu_error(fn, arg)
+    with pytest.raises(type(expected)) as err:
+        fn(arg.to(dev))
+    assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool, torch.float32], ids=str)
+def test_logit_of_integers_computes_in_the_float_result(path, dev, dtype):
+    """``1 - x`` wrapped around for uint8 (logit(2) read logit(2/255)): the input is cast to the
+    float result dtype first, as eager computes."""
+    x = torch.tensor([0, 1, 2, 7, 100]).to(dtype)
+    for eps in (None, 0.25):
+        assert_same(torch.logit(x.to(dev), eps), torch.logit(x, eps))
+
+
 @pytest.mark.parametrize("fn", [lambda i, b: i << b, lambda i, b: b << i,
                                 lambda i, b: i.int() >> b, lambda i, b: b >> 1,
                                 lambda i, b: 3 << b], ids=["int<<bool", "bool<<int",

@@ -364,7 +364,10 @@ def mixed_statistics_dtype(func, b, parameters: tuple):
 # 'Long'', and for complex operands "maximum not implemented for complex tensors." (a
 # RuntimeError) and "clamp is not supported for complex types".
 _DTYPE_REFUSALS = (" not implemented for '", " not implemented for complex tensors",
-                   " is not supported for complex types")
+                   " is not supported for complex types", " is not supported for complex inputs",
+                   " is not supported for complex tensors",
+                   "Boolean inputs not supported for ",
+                   "torch.sign is not intended to support complex numbers")
 _MATRIX_PRODUCTS = frozenset(p for p in (aten.mm, aten.bmm, aten.addmm, aten.addmm_, aten.mv,
                                          aten.addmv, aten.addmv_, aten.dot, aten.vdot,
                                          aten.addbmm, aten.addbmm_, aten.baddbmm,
@@ -415,10 +418,22 @@ def _asked(func) -> bool:
     except ones that draw random numbers or copy between dtypes and devices."""
     if torch.Tag.nondeterministic_seeded in func.tags:
         return False
-    if func.overloadpacket not in _MATRIX_PRODUCTS and torch.Tag.pointwise not in func.tags:
+    if func.overloadpacket not in _MATRIX_PRODUCTS and not _pointwise(func):
         return False
     name = func._schema.name
     return not any(part in name for part in ("copy", "_to_", "fill"))
+
+
+def _pointwise(func) -> bool:
+    """Tagged pointwise, or the in-place form of an op that is (24 in-place overloads, abs_ and
+    frac_ among them, lack the tag their functional forms carry)."""
+    if torch.Tag.pointwise in func.tags:
+        return True
+    name = func._schema.name.split("::", 1)[1]
+    if torch.Tag.inplace not in func.tags or not name.endswith("_"):
+        return False
+    functional = getattr(getattr(aten, name[:-1], None), func._overloadname, None)
+    return functional is not None and torch.Tag.pointwise in functional.tags
 
 
 def _raise_not_implemented(func, args, kwargs, e: Exception):

@@ -657,8 +657,9 @@ def elu(x, alpha=1, scale=1, input_scale=1, *, aval):
     return jnp.where(x > 0, x * s, jnp.expm1(x * i) * (a * s))
 
 
-@lowering(aten.logit.default, static=True)
-def logit(x, eps=None):
+@lowering(aten.logit.default, meta=True, static=True)
+def logit(x, eps=None, *, aval):
+    x = cast(x, aval.dtype)       # integers in the float result dtype (1 - x wrapped for uint8)
     if eps is not None:
         x = jnp.clip(x, eps, 1 - eps)
     return jnp.log(x / (1 - x))
