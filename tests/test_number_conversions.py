@@ -206,3 +206,16 @@ def test_signatures_and_plan_keys_tell_equal_numbers_apart():
     assert tracer.static_key(nan) == tracer.static_key(float("nan"))
     assert ir.sig_id(("op", None, ([0, 1.5],), (), ())) != ir.sig_id(("op", None, ([0.0, 1.5],),
                                                                         (), ()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.complex64], ids=str)
+def test_a_bool_converted_to_a_float_meets_non_finite_numbers_as_eager(path, dev, dtype):
+    """XLA's simplifier rewrote convert(mask) * y as select(mask, y, 0): False gave 0 where
+    eager's 0 * inf, 0 / 0 and 0 * nan are NaN."""
+    mask = torch.tensor([True, False, True, False])
+    y = torch.tensor([float("inf"), float("nan"), 2.0, float("-inf")]).to(dtype)
+    cases = [lambda m, y: torch.div(m, 0), lambda m, y: m.to(y.dtype) * y,
+             lambda m, y: m.to(y.dtype) * float("inf"), lambda m, y: m.to(y.dtype) / 0.0,
+             lambda m, y: torch.mul(m, y)]
+    for fn in cases:
+        _same_bits(fn(mask.to(dev), y.to(dev)), fn(mask, y), signs=False)

@@ -23,6 +23,11 @@ def cast(x, dtype):
     elif dtype == np.complex128 or (complex_in and x.dtype == np.complex128):
         if _jax.platform() == "tpu":
             return _complex_by_parts(x, dtype, complex_in)
+    if x.dtype == np.bool_ and (jnp.issubdtype(dtype, jnp.inexact)):
+        # XLA's simplifier rewrites convert(pred) * y as select(pred, y, 0) (and / y as
+        # select(pred, 1 / y, 0)): 0 where eager's 0 * inf and 0 / 0 are NaN. The barrier keeps
+        # the conversion a conversion.
+        return lax.optimization_barrier(lax.convert_element_type(x, dtype))
     return lax.convert_element_type(x, dtype)
 
 
