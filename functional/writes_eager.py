@@ -133,8 +133,7 @@ def _copy(cls, func, args, kwargs):
             facts = tracer.keep(_COPY_FACTS, key, _copy_facts(dst, src), 4096)
         partial, overlapping = facts
         if partial and _root(dst._value) is _root(src._value):
-            raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by aten.copy_ "
-                               f"with inputs {tracer.describe(args)})")
+            raise RuntimeError(tracer.PARTIAL_OVERLAP + tracer.raised_by("aten.copy_", args))
         if overlapping and not kwargs and len(args) == 2:
             from .overlap import copy_walk
             out = copy_walk(cls, dst, src)
@@ -339,8 +338,8 @@ def _check_partial_overlap(func, written, args, kwargs) -> None:
                 and t.element_size() == written.element_size()
                 and tracer.partial_overlap(_geometry(written), _geometry(t))
                 and _root(t._value) is _root(written._value)):
-            raise RuntimeError(f"{tracer.PARTIAL_OVERLAP}\n  (xla_compat: raised by the in-place "
-                               f"form of {func} with inputs {tracer.describe(args)})")
+            raise RuntimeError(tracer.PARTIAL_OVERLAP + tracer.raised_by(
+                f"the in-place form of {func}", args))
 
 
 def _polygamma_(self, n):
