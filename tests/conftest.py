@@ -22,7 +22,7 @@ if os.environ.get("XLA_COMPAT_TEST_XLA_DEFAULT", "") != "1" \
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 import xla_compat as xc
-from xla_compat import executor, paths
+from xla_compat import _jax as xla_compat_jax, executor, paths
 from xla_compat.lazy import tracer
 
 # Every test also checks that no device tensor's metadata changed behind the trace plans' back
@@ -103,7 +103,7 @@ def _device_tensors(x):
 # training steps land 1e-5 to 4e-5 from eager (session 31 measured the 20 such cases of a TPU
 # run). There, tolerances written for XLA:CPU take this floor (torch_xla's tests carry per-device
 # precision overrides for the same reason); on the CPU they stand as written.
-PLATFORM = __import__("jax").default_backend()
+PLATFORM = xla_compat_jax.platform()
 PLATFORM_TOLERANCE = {"tpu": (1e-3, 1e-4)}
 
 

@@ -257,9 +257,10 @@ def _masked_fill_arguments(func, b):
     _complex_fill_fits(func, b)
 
 
-def _complex_fill(b):
+def complex_fill(b):
     """(self, value) where eager converts a complex fill value to a non-complex tensor's dtype
-    (bool: nonzero; others: the real part, refused when there is an imaginary part), else None."""
+    (bool: nonzero; others: the real part, refused when there is an imaginary part), else None.
+    The meta stand-in, the number check and host_values' 0-dim tensor check all ask this."""
     x, value = b.get("self"), b.get("value")
     if not isinstance(x, torch.Tensor) or x.dtype.is_complex:
         return None
@@ -271,7 +272,7 @@ def _complex_fill(b):
 def _complex_fill_fits(func, b):
     """A complex number with an imaginary part cannot fill a real tensor (a complex tensor
     value's parts are checked on the host: host_values)."""
-    found = _complex_fill(b)
+    found = complex_fill(b)
     if found is not None and type(found[1]) is complex:
         x, value = found
         if x.dtype != torch.bool and value.imag != 0:
@@ -282,8 +283,8 @@ def _complex_fill_fits(func, b):
 @tracer.meta_arguments(*_MASKED_FILLS)
 def _complex_fill_stand_in(func, args, kwargs):
     """The meta kernels refuse every complex value for a real tensor, where eager converts it
-    (``_complex_fill``): they run on the converted value's stand-in."""
-    found = _complex_fill(tracer.bind(func, args, kwargs))
+    (``complex_fill``): they run on the converted value's stand-in."""
+    found = complex_fill(tracer.bind(func, args, kwargs))
     if found is None:
         return args, kwargs
     x, value = found

@@ -28,6 +28,7 @@ from .. import _jax, metrics
 from ..lazy import ir, tracer
 from ..lazy.ir import DeviceData
 from ..lazy.tensor import LazyTensor
+from .eager_checks import complex_fill
 from .registry import Rule, aten, lookup
 
 # ----------------------------------------------------------------------------------------------
@@ -222,10 +223,8 @@ def _masked_fill_complex_value(cls, func, args, kwargs):
     """A complex 0-dim tensor filling a real, non-bool tensor: eager reads its value (``item()``)
     and refuses one with an imaginary part; so does this, reading it on the host (a pending one
     runs its graph, as eager's read does). Any other value is not looked at."""
-    b = tracer.bind(func, args, kwargs)
-    x, value = b.get("self"), b.get("value")
-    if (isinstance(value, torch.Tensor) and value.dtype.is_complex and isinstance(x, torch.Tensor)
-            and not x.dtype.is_complex and x.dtype != torch.bool and value.dim() == 0):
+    x, value = complex_fill(tracer.bind(func, args, kwargs)) or (None, None)
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and x.dtype != torch.bool:
         v = _known_values(value)
         if v is None:
             v = _host_values(value).numpy()
