@@ -92,7 +92,8 @@ def main(argv=None) -> int:
                        for w in chosen]
     prof = profiles("W1")
     eager = {m.workload: m.median for m in results if m.variant == "eager" and m.ok}
-    floors = floor.table(chosen, eager)
+    twin = {m.workload: m.median for m in results if m.variant == "jax" and m.ok}
+    floors = floor.table(chosen, eager, twin)
     machine_end = rep.machine()
     print()
     print(rep.summary_table(results, chosen))

@@ -140,11 +140,52 @@ def test_the_dispatch_floor_table_counts_each_workloads_aten_ops():
     # (functional/direct.py) regenerate no view and write no view back through a scatter
     assert floor.python_dispatches_per_step(w4, "legacy") == 8 * w4.positions + 1
     assert floor.python_dispatches_per_step(w4, "functional") == 6 * w4.positions + 1
-    trace, sync, wait = floor.traced_parts(w4, "functional", steps=2, warmup=1)
-    assert trace > 0 and sync > 0 and wait >= 0
-    text = floor.table([w4], {"W4": 1.0})
+    trace, sync, wait, null = floor.traced_parts(w4, "functional", steps=2, warmup=1)
+    assert trace > 0 and sync > 0 and wait >= 0 and null > 0
+    text = floor.table([w4], {"W4": 1.0}, {"W4": 2.0})
     assert "| W4 | " in text and "floor (eager's ops) / eager" in text
     assert "| W4 | legacy | " in text and "| W4 | functional | " in text
+    assert "null tracer's step" in text
+
+
+@pytest.mark.parametrize("w", workloads.TINY, ids=lambda w: w.name)
+def test_the_null_tracer_runs_every_workload_with_eagers_shapes_and_ops(w):
+    """The null tracer (the floor's reference step) runs each program through Python dispatch:
+    the shapes it answers are eager's (the result tensors' geometry matches a CPU step's), and
+    after three steps (an optimizer's state settles over its
+    first two) every op is answered from its cache (no meta kernel runs)."""
+    from benchmarks import floor
+    null, cpu = floor.null_program(w), w.torch_program("cpu")
+    for _ in range(3):
+        null.step()
+        cpu.step()
+
+    def geometries(program):
+        out = {}
+        for name, value in vars(program).items():
+            if isinstance(value, torch.Tensor):
+                out[name] = (tuple(value.shape), value.stride(), value.dtype)
+            elif isinstance(value, torch.nn.Module):
+                out.update((k, (tuple(p.shape), p.stride(), p.dtype, p.grad is None))
+                           for k, p in value.named_parameters())
+        return out
+    assert geometries(null) == geometries(cpu)
+    assert all(type(t) is floor._NullTracer for t in vars(null).values()
+               if isinstance(t, torch.Tensor))
+    memo = len(floor._NullTracer._memo)
+    calls = [0]
+    original = floor._NullTracer.__dict__["__torch_dispatch__"].__func__
+
+    def counting(cls, func, types, args=(), kwargs=None):
+        calls[0] += 1
+        return original(cls, func, types, args, kwargs)
+    floor._NullTracer.__torch_dispatch__ = classmethod(counting)
+    try:
+        null.step()
+    finally:
+        floor._NullTracer.__torch_dispatch__ = classmethod(original)
+    assert len(floor._NullTracer._memo) == memo            # all answered from the cache
+    assert calls[0] > 0
 
 
 # -- several passes and issue 8's targets ---------------------------------------------------------
