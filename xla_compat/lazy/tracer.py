@@ -381,6 +381,13 @@ def register_every_op_check(fn):
     return fn
 
 
+def every_op_checks(func, args, kwargs) -> None:
+    """Run the checks every op gets (``eager_checks.cpu_kernel_dtypes``: eager's CPU kernel asked
+    about the call's dtypes)."""
+    for check in _EVERY_OP_CHECKS:
+        check(func, args, kwargs)
+
+
 def _flat_key(func, args, kwargs=None):
     """The meta-cache key of a call whose arguments are tensors, numbers, None, dtypes or lists
     of free floats (the common case, built without recursion); None otherwise. A free float
@@ -439,8 +446,7 @@ def meta(func, args, kwargs):
     check = _EAGER_CHECKS.get(func)
     if check is not None:
         check(func, bind(func, args, kwargs))
-    for check in _EVERY_OP_CHECKS:
-        check(func, args, kwargs)
+    every_op_checks(func, args, kwargs)
     fix = _EAGER_OUTPUTS.get(func)
     if fix is not None:
         out = fix(func, bind(func, args, kwargs), out)
@@ -499,8 +505,7 @@ def run_meta(func, args, kwargs, memo=None):
     except NotImplementedError:
         raise
     except Exception as e:  # the same error type eager raises, with the op named
-        for check in _EVERY_OP_CHECKS:    # eager's own refusal first, where it has one
-            check(func, args, kwargs)
+        every_op_checks(func, args, kwargs)    # eager's own refusal first, where it has one
         _reraise(eager_cast_error(func, args, kwargs, e) or e, func, (args, list(kwargs.values())))
 
 
@@ -1015,8 +1020,7 @@ def _check_before_decomposing(func, args, kwargs) -> None:
     key = meta_key(func, args, kwargs)
     if key is not None and key in _CHECKED_DECOMPOSED:
         return
-    for check in _EVERY_OP_CHECKS:
-        check(func, args, kwargs)
+    every_op_checks(func, args, kwargs)
     if key is not None:
         keep(_CHECKED_DECOMPOSED, key, True, _META_CACHE_LIMIT)
 
