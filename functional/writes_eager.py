@@ -256,6 +256,7 @@ def _meta_hook(op, original):
             call_args, call_kwargs = tracer.meta_args(op, args, kwargs)
             out = original(*call_args, **call_kwargs)
         except Exception as e:        # eager's error and words, naming the op
+            tracer.every_op_checks(op, args, kwargs)     # eager's own refusal first, if any
             tracer._reraise(tracer.eager_cast_error(op, _numbers(args), kwargs, e) or e, op,
                             (args, list(kwargs.values())))
         finally:
@@ -263,6 +264,7 @@ def _meta_hook(op, original):
         check = tracer._EAGER_CHECKS.get(op)     # eager's checks the meta kernel skips
         if check is not None:
             check(op, tracer.bind(op, args, kwargs))
+        tracer.every_op_checks(op, args, kwargs)
         if (overlapping and not _sums_changes(op, args, kwargs)
                 and not getattr(_state, "shared_ok", False)):
             from .writes import FunctionalizationLimit

@@ -175,13 +175,24 @@ _COMPLEX = torch.tensor([1 + 2j, -0.5j, 3.0])
     (lambda x: x.clone().abs_(), torch.tensor([True, False])),
     (lambda x: x.clone().sign_(), _COMPLEX),
     (lambda x: x.clone().floor_(), _COMPLEX),
+    (lambda x: x.clone().abs_(), _COMPLEX),
+    (lambda x: x.clone().frac_(), torch.tensor([True, False])),
+    (lambda x: torch.copysign(x, 1j), torch.tensor([1.0, -2.0])),
+    (lambda x: torch.copysign(x, x.real), _COMPLEX),
+    (lambda x: x // x, torch.tensor([True, False])),
+    (lambda x: torch.floor_divide(x, True), torch.tensor([True, False])),
+    (lambda x: x.clone().floor_divide_(x), torch.tensor([True, False])),
 ], ids=["sign complex", "floor complex", "ceil complex", "trunc complex", "relu bool",
-        "relu_ bool", "abs_ bool", "sign_ complex", "floor_ complex"])
+        "relu_ bool", "abs_ bool", "sign_ complex", "floor_ complex", "abs_ complex",
+        "frac_ bool", "copysign complex number", "copysign complex", "bool // bool",
+        "floor_divide bool number", "floor_divide_ bool"])
 def test_dtypes_eagers_kernel_refuses_are_refused_in_its_words(path, dev, fn, arg):
     """Eager's CPU kernels refuse these dtypes in their own words (sign of a complex: use sgn;
     rounding a complex; relu of a bool; in-place abs of a bool, whose in-place overload lacks the
-    pointwise tag its functional form has); the device computed them (sign, relu, abs_) or
-    failed in jax's words (floor of a complex)."""
+    pointwise tag its functional form has; copysign of a complex, whose name holds "copy";
+    floor division of bools, untagged); the device computed them (sign, relu, abs_), failed in
+    jax's words (floor and copysign of a complex) or in a decomposition's (frac_ and
+    floor_divide_ of a bool on the functional path: the in-place meta references)."""
     expected = cpu_error(fn, arg)
     with pytest.raises(type(expected)) as err:
         fn(arg.to(dev))

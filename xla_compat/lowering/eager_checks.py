@@ -419,10 +419,18 @@ def _asked(func) -> bool:
     except ones that draw random numbers or copy between dtypes and devices."""
     if torch.Tag.nondeterministic_seeded in func.tags:
         return False
-    if func.overloadpacket not in _MATRIX_PRODUCTS and not _pointwise(func):
+    if (func.overloadpacket not in _MATRIX_PRODUCTS and func.overloadpacket not in _UNTAGGED
+            and not _pointwise(func)):
         return False
-    name = func._schema.name
-    return not any(part in name for part in ("copy", "_to_", "fill"))
+    name = func._schema.name.split("::", 1)[1]
+    return not (name in _COPIES or name.endswith("_copy") or "fill" in name)
+
+
+# Copies between dtypes and devices (not ``copysign``, not ``nan_to_num``: their names only
+# contain the words), and fills, which take every dtype; and elementwise ops without the
+# pointwise tag whose CPU kernels refuse dtypes (``bool // bool``).
+_COPIES = frozenset({"copy", "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize"})
+_UNTAGGED = frozenset({aten.floor_divide, aten.floor_divide_})
 
 
 def _pointwise(func) -> bool:
