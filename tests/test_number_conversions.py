@@ -219,3 +219,67 @@ def test_a_bool_converted_to_a_float_meets_non_finite_numbers_as_eager(path, dev
              lambda m, y: torch.mul(m, y)]
     for fn in cases:
         _same_bits(fn(mask.to(dev), y.to(dev)), fn(mask, y), signs=False)
+
+
+# -- narrowing integer conversions feeding and/or ---------------------------------------------------
+
+_NARROWING = [(torch.int32, torch.int64), (torch.int16, torch.int32), (torch.int8, torch.int64)]
+_AND_OR = {
+    "x & y.to(x.dtype)": lambda x, y: x & y.to(x.dtype),
+    "x | y.to(x.dtype)": lambda x, y: x | y.to(x.dtype),
+    "x.bitwise_and_(y)": lambda x, y: x.bitwise_and_(y),
+    "x.bitwise_or_(y)": lambda x, y: x.bitwise_or_(y),
+    "y.to(x.dtype) & 5": lambda x, y: y.to(x.dtype) & 5,
+}
+
+
+@pytest.mark.parametrize("dtypes", _NARROWING, ids=lambda d: f"{d[0]}<-{d[1]}".replace("torch.", ""))
+@pytest.mark.parametrize("name", list(_AND_OR))
+def test_and_or_of_a_narrowed_signed_integer_computes_like_eager(path, dev, name, dtypes):
+    """XLA:CPU (jaxlib 0.10) killed the process with SIGSEGV compiling a fused and/or of a signed
+    integer with a conversion to it from a wider signed integer; ``cast`` narrows through the
+    unsigned dtype of the target's width, which truncates alike (sweep, session 34). Here the
+    values, under the suite's XLA flags; the next test compiles under XLA's defaults."""
+    narrow, wide = dtypes
+    fn = _AND_OR[name]
+
+    def program(device):
+        x = torch.tensor([0, -1, 2, -7, 100, 55], dtype=narrow, device=device)
+        y = torch.tensor([3, 1, -2, 100, -1, 2 ** 14 + 6], dtype=wide, device=device)
+        return fn(x, y)
+    got = program(dev)
+    xc.sync()
+    want = program("cpu")
+    assert got.dtype == want.dtype
+    assert torch.equal(got.cpu(), want)
+
+
+def test_and_or_of_a_narrowed_signed_integer_compiles_under_xlas_default_emitters(path):
+    """The crash is in XLA:CPU's fusion emitters, which the suite turns off (conftest's
+    TEST_XLA_FLAGS): a subprocess under XLA's defaults runs the cases above, every one of which
+    killed it before."""
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import TEST_XLA_FLAGS
+    script = f"""
+import torch, xla_compat as xc
+from tests.test_number_conversions import _AND_OR, _NARROWING
+dev = xc.device()
+with xc.use_path({path!r}):
+    for narrow, wide in _NARROWING:
+        for name, fn in _AND_OR.items():
+            def program(device):
+                x = torch.tensor([0, -1, 2, -7, 100, 55], dtype=narrow, device=device)
+                y = torch.tensor([3, 1, -2, 100, -1, 2 ** 14 + 6], dtype=wide, device=device)
+                return fn(x, y)
+            got, want = program(dev).cpu(), program("cpu")
+            assert got.dtype == want.dtype and torch.equal(got, want), (name, narrow, got, want)
+print("all computed")
+"""
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "").replace(TEST_XLA_FLAGS, ""),
+               XLA_COMPAT_TEST_XLA_DEFAULT="1")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0 and "all computed" in done.stdout, (done.returncode,
+                                                                    done.stderr[-2000:])

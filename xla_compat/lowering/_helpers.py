@@ -28,6 +28,13 @@ def cast(x, dtype):
         # select(pred, 1 / y, 0)): 0 where eager's 0 * inf and 0 / 0 are NaN. The barrier keeps
         # the conversion a conversion.
         return lax.optimization_barrier(lax.convert_element_type(x, dtype))
+    if (jnp.issubdtype(dtype, jnp.signedinteger) and jnp.issubdtype(x.dtype, jnp.signedinteger)
+            and x.dtype.itemsize > dtype.itemsize):
+        # XLA:CPU (jaxlib 0.10) crashes the process (SIGSEGV) compiling a fused and/or of a
+        # signed integer with a conversion to its dtype from a wider signed integer
+        # (``int32_tensor & int64_tensor.to(torch.int32)``); through the unsigned dtype of the
+        # target's width the conversion truncates alike (two's complement) and compiles.
+        x = lax.convert_element_type(x, np.dtype(f"uint{dtype.itemsize * 8}"))
     return lax.convert_element_type(x, dtype)
 
 
