@@ -384,6 +384,36 @@ def _checked_ops():
     return outs, in_place
 
 
+# -- bool - bool ---------------------------------------------------------------------------------
+
+_sub_upstream = None
+_SUB = torch.ops.aten.sub.Tensor
+
+
+def _sub_functionalize(keyset, self, other, *, alpha=1):
+    """``aten.sub.Tensor`` at the Functionalize key: a user's ``bool - bool`` raises eager's
+    error here. The inner tensor takes upstream's expand write-back ``base + sum_to(new - base)``
+    of bool tensors in int8 (``inner._bool_write_back_delta``) and cannot tell a user's call from
+    it; upstream makes its call on inner tensors, which never reach this key."""
+    if type(other) is not torch.Tensor and not isinstance(other, torch.Tensor):
+        # A number reaches a Python kernel unwrapped and a boxed call takes none for a Tensor:
+        # the fallback's steps (sync, unwrap, the op on the inner tensor, wrap) with the number.
+        if not direct._is_functional(self):
+            with direct._exclude(direct._SKIP_FUNCTIONALIZE):
+                return _SUB(self, other, alpha=alpha)
+        direct._sync(self)
+        return torch._to_functional_tensor(
+            direct._run(_SUB, (direct._from(self), other), {"alpha": alpha} if alpha != 1 else None))
+    if self.dtype is torch.bool and other.dtype is torch.bool:
+        stand_in = torch.empty(0, dtype=torch.bool, device="meta")
+        try:
+            _SUB(stand_in, stand_in, alpha=alpha)
+        except RuntimeError as e:
+            raise RuntimeError(str(e).splitlines()[0] + tracer.raised_by(
+                _SUB, [self, other], ", functional path")) from None
+    return _sub_upstream.call_boxed(keyset, self, other, alpha=alpha)
+
+
 # -- in-place ops: an operand sharing memory with the written tensor ------------------------------
 
 # In-place ops with Tensor operands that write no values of them (or have a kernel here already).
@@ -583,6 +613,9 @@ def install() -> None:
         global _copy_upstream
         _copy_upstream = torch.library.get_kernel(aten.copy_.default, "Functionalize")
         _lib.impl(aten.copy_.default, _copy_functionalize, "Functionalize", with_keyset=True)
+        global _sub_upstream
+        _sub_upstream = torch.library.get_kernel(aten.sub.Tensor, "Functionalize")
+        _lib.impl(aten.sub.Tensor, _sub_functionalize, "Functionalize", with_keyset=True)
         for op in _in_place_ops_with_operands(torch._C._dispatch_has_kernel_for_dispatch_key):
             _lib.impl(op, _in_place_overlap_kernel(op), "Functionalize", with_keyset=True)
         for op in _foreach_writes(torch._C._dispatch_has_kernel_for_dispatch_key):

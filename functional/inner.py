@@ -236,8 +236,8 @@ def _bool_write_back_delta(cls, func, args, kwargs):
     """Upstream writes an expanded view back as ``base + sum_to(new - base)``; for bool tensors
     ``sub`` is an error (a bool write through one piece of an expanded view raises upstream).
     The difference is taken in int8 (-1/0/1) so the sum and add that follow give eager's result.
-    The inner tensor cannot tell this call from a user's bool subtraction, which eager rejects
-    and which here gives int8 differences instead (a known, documented deviation)."""
+    The inner tensor cannot tell this call from a user's bool subtraction, which eager rejects:
+    that one is refused at the wrappers, before it gets here (``checks._sub_functionalize``)."""
     a, b = args[0], args[1]
     if not (isinstance(a, LazyTensor) and isinstance(b, LazyTensor)
             and a.dtype is torch.bool and b.dtype is torch.bool

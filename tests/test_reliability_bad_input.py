@@ -154,11 +154,16 @@ def test_dtypes_cpu_has_no_kernel_for_raise_at_the_op_like_cpu(path, dev, fn, ar
     (lambda a, b: torch.lerp(a, b.double(), 0.3), (_FLOATS, _BOOLS)),
     (lambda a, b: torch.lerp(a, a, b.half()), (_FLOATS, _BOOLS)),
     (lambda a, b: torch.dot(a[0], b[0].double()), (_FLOATS, _BOOLS)),
+    (lambda a, b: b - b.flip(0), (_FLOATS, _BOOLS)),
+    (lambda a, b: torch.sub(b, b[:1], alpha=1), (_FLOATS, _BOOLS)),
+    (lambda a, b: b - True, (_FLOATS, _BOOLS)),
 ], ids=["float - bool", "bool - float", "rsub bool", "bool - 1", "sub_ bool",
-        "masked_fill float mask", "lerp end double", "lerp weight half", "dot two dtypes"])
+        "masked_fill float mask", "lerp end double", "lerp weight half", "dot two dtypes",
+        "bool - bool", "bool - bool broadcast", "bool - True"])
 def test_refused_operands_raise_eagers_words(path, dev, fn, args):
     """Calls the meta kernels compute (or refuse in their own words) raise what CPU eager
-    raises, in its words."""
+    raises, in its words. ``bool - bool`` computed int8 differences on the functional path (its
+    inner tensors take upstream's bool write-back that way; the wrappers now refuse a user's)."""
     expected = cpu_error(fn, *args)
     with pytest.raises(type(expected)) as err:
         fn(*[a.to(dev) for a in args])
