@@ -283,3 +283,34 @@ print("all computed")
                           text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert done.returncode == 0 and "all computed" in done.stdout, (done.returncode,
                                                                     done.stderr[-2000:])
+
+
+# -- complex add and sub at non-finite parts ------------------------------------------------------
+
+_INF, _NAN = float("inf"), float("nan")
+_ALPHA_OPS = {
+    "a + b": lambda a, b, f: a + b,
+    "b + a": lambda a, b, f: b + a,
+    "a - b": lambda a, b, f: a - b,
+    "rsub": lambda a, b, f: torch.rsub(a, b),
+    "alpha 2": lambda a, b, f: torch.add(a, b, alpha=2),
+    "alpha 1j": lambda a, b, f: torch.add(a, b, alpha=1j),
+    "real + complex": lambda a, b, f: f + b,
+    "complex + real": lambda a, b, f: b + f,
+    "complex + inf number": lambda a, b, f: a + complex(_INF, 0),
+    "add_": lambda a, b, f: a.clone().add_(b),
+    "sub_": lambda a, b, f: a.clone().sub_(b),
+}
+
+
+@pytest.mark.parametrize("name", list(_ALPHA_OPS))
+def test_complex_add_and_sub_make_eagers_nans_at_non_finite_parts(path, dev, name):
+    """Eager's add and sub multiply the other operand by alpha even when alpha is 1, part by
+    part: ``0j + (inf + 1j)`` is ``inf + nanj`` there (``0 * inf`` in the imaginary part). The
+    device skipped the multiplication and gave ``inf + 1j`` (sweep, session 34)."""
+    fn = _ALPHA_OPS[name]
+    a = torch.tensor([0j, 0j, 1 + 2j, complex(_INF, 1), complex(_NAN, 0), complex(1, _INF)])
+    b = torch.tensor([complex(_INF, 1), complex(_NAN, 0), complex(_INF, 0), 0j, 1j, 2 + 0j])
+    f = torch.tensor([_NAN, 0.0, 1.0, 2.0, _INF, -1.0])
+    got = fn(a.to(dev), b.to(dev), f.to(dev))
+    _same_bits(got, fn(a, b, f), signs=False)

@@ -125,9 +125,20 @@ def _alpha_op(x, y, alpha, aval, fn):
     (a runtime scalar multiplies: it may change between calls)."""
     acc = compute_dtype(aval.dtype)
     x, y = to(acc, *to(aval.dtype, x, y))
-    if not (type(alpha) is int and alpha == 1):
+    if jnp.issubdtype(aval.dtype, jnp.complexfloating) and type(alpha) in (int, float, complex):
+        y = _times_literal_alpha(y, complex(alpha))
+    elif not (type(alpha) is int and alpha == 1):
         y = y * cast(cast(alpha, aval.dtype), acc)
     return cast(fn(x, y), aval.dtype)
+
+
+def _times_literal_alpha(y, alpha: complex):
+    """``y * alpha`` for a complex ``y`` as eager's kernels multiply, alpha of 1 included: part
+    by part, so a non-finite part of ``y`` makes a NaN where eager's does (``0j + (inf + 1j)``
+    is ``inf + nanj`` there). XLA folds a product by the constant ``1 + 0j`` away, never
+    ``0 * part``."""
+    re, im = jnp.real(y), jnp.imag(y)
+    return lax.complex(re * alpha.real - im * alpha.imag, im * alpha.real + re * alpha.imag)
 
 
 @lowering(aten.add.Tensor, aten.add.Scalar, meta=True)
