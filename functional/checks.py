@@ -395,15 +395,15 @@ def _sub_functionalize(keyset, self, other, *, alpha=1):
     error here. The inner tensor takes upstream's expand write-back ``base + sum_to(new - base)``
     of bool tensors in int8 (``inner._bool_write_back_delta``) and cannot tell a user's call from
     it; upstream makes its call on inner tensors, which never reach this key."""
-    if type(other) is not torch.Tensor and not isinstance(other, torch.Tensor):
+    if not isinstance(other, torch.Tensor):
         # A number reaches a Python kernel unwrapped and a boxed call takes none for a Tensor:
         # the fallback's steps (sync, unwrap, the op on the inner tensor, wrap) with the number.
         if not direct._is_functional(self):
             with direct._exclude(direct._SKIP_FUNCTIONALIZE):
                 return _SUB(self, other, alpha=alpha)
         direct._sync(self)
-        return torch._to_functional_tensor(
-            direct._run(_SUB, (direct._from(self), other), {"alpha": alpha} if alpha != 1 else None))
+        kwargs = {"alpha": alpha} if alpha != 1 else None
+        return torch._to_functional_tensor(direct._run(_SUB, (direct._from(self), other), kwargs))
     if self.dtype is torch.bool and other.dtype is torch.bool:
         stand_in = torch.empty(0, dtype=torch.bool, device="meta")
         try:

@@ -221,7 +221,7 @@ def test_a_bool_converted_to_a_float_meets_non_finite_numbers_as_eager(path, dev
         _same_bits(fn(mask.to(dev), y.to(dev)), fn(mask, y), signs=False)
 
 
-# -- narrowing integer conversions feeding and/or ---------------------------------------------------
+# -- narrowing integer conversions feeding and/or -----------------------------------------------
 
 _NARROWING = [(torch.int32, torch.int64), (torch.int16, torch.int32), (torch.int8, torch.int64)]
 _AND_OR = {
@@ -233,7 +233,8 @@ _AND_OR = {
 }
 
 
-@pytest.mark.parametrize("dtypes", _NARROWING, ids=lambda d: f"{d[0]}<-{d[1]}".replace("torch.", ""))
+@pytest.mark.parametrize("dtypes", _NARROWING,
+                         ids=lambda d: f"{d[0]}<-{d[1]}".replace("torch.", ""))
 @pytest.mark.parametrize("name", list(_AND_OR))
 def test_and_or_of_a_narrowed_signed_integer_computes_like_eager(path, dev, name, dtypes):
     """XLA:CPU (jaxlib 0.10) killed the process with SIGSEGV compiling a fused and/or of a signed
