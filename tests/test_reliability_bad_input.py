@@ -171,6 +171,7 @@ def test_refused_operands_raise_eagers_words(path, dev, fn, args):
 
 
 _COMPLEX = torch.tensor([1 + 2j, -0.5j, 3.0])
+_BOOL_ROWS = torch.tensor([[True, False, True], [False, False, True], [True, True, False]])
 
 
 @pytest.mark.parametrize("fn,arg", [
@@ -187,17 +188,38 @@ _COMPLEX = torch.tensor([1 + 2j, -0.5j, 3.0])
     (lambda x: x // x, torch.tensor([True, False])),
     (lambda x: torch.floor_divide(x, True), torch.tensor([True, False])),
     (lambda x: x.clone().floor_divide_(x), torch.tensor([True, False])),
+    (lambda x: x.argmax(), _BOOL_ROWS),
+    (lambda x: x.argmin(1), _BOOL_ROWS),
+    (lambda x: x.int().var(1), _BOOL_ROWS),
+    (lambda x: x.long().std(), _BOOL_ROWS),
+    (lambda x: x.median(), _BOOL_ROWS),
+    (lambda x: x.kthvalue(2, 1), _BOOL_ROWS),
+    (lambda x: x.topk(2, 1), _BOOL_ROWS),
+    (lambda x: x.trace(), _BOOL_ROWS),
+    (lambda x: x.int().logcumsumexp(1), _BOOL_ROWS),
+    (lambda x: x.amax(), _COMPLEX),
+    (lambda x: x.max(0), _COMPLEX),
+    (lambda x: x.sort(), _COMPLEX),
+    (lambda x: x.topk(2), _COMPLEX),
+    (lambda x: x.nansum(), _COMPLEX),
+    (lambda x: x.cummax(0), _COMPLEX),
+    (lambda x: x.mode(), _COMPLEX),
 ], ids=["sign complex", "floor complex", "ceil complex", "trunc complex", "relu bool",
         "relu_ bool", "abs_ bool", "sign_ complex", "floor_ complex", "abs_ complex",
         "frac_ bool", "copysign complex number", "copysign complex", "bool // bool",
-        "floor_divide bool number", "floor_divide_ bool"])
+        "floor_divide bool number", "floor_divide_ bool", "argmax bool", "argmin bool",
+        "var int", "std int", "median bool", "kthvalue bool", "topk bool", "trace bool",
+        "logcumsumexp int", "amax complex", "max dim complex", "sort complex", "topk complex",
+        "nansum complex", "cummax complex", "mode complex"])
 def test_dtypes_eagers_kernel_refuses_are_refused_in_its_words(path, dev, fn, arg):
     """Eager's CPU kernels refuse these dtypes in their own words (sign of a complex: use sgn;
     rounding a complex; relu of a bool; in-place abs of a bool, whose in-place overload lacks the
     pointwise tag its functional form has; copysign of a complex, whose name holds "copy";
-    floor division of bools, untagged); the device computed them (sign, relu, abs_), failed in
-    jax's words (floor and copysign of a complex) or in a decomposition's (frac_ and
-    floor_divide_ of a bool on the functional path: the in-place meta references)."""
+    floor division of bools, untagged; reductions, scans and sorts of bools, integers or complex
+    values); the device computed them (sign, relu, abs_, argmax, var, topk...), failed in jax's
+    words (floor and copysign of a complex, max and argmax of a complex while compiling) or in a
+    decomposition's (frac_ and floor_divide_ of a bool on the functional path: the in-place
+    meta references)."""
     expected = cpu_error(fn, arg)
     with pytest.raises(type(expected)) as err:
         fn(arg.to(dev))

@@ -368,7 +368,9 @@ _DTYPE_REFUSALS = (" not implemented for '", " not implemented for complex tenso
                    " is not supported for complex types", " is not supported for complex inputs",
                    " is not supported for complex tensors",
                    "Boolean inputs not supported for ",
-                   "torch.sign is not intended to support complex numbers")
+                   "torch.sign is not intended to support complex numbers",
+                   "does not support bool", "only support floating point and complex dtypes",
+                   "does not support complex")
 _MATRIX_PRODUCTS = frozenset(p for p in (aten.mm, aten.bmm, aten.addmm, aten.addmm_, aten.mv,
                                          aten.addmv, aten.addmv_, aten.dot, aten.vdot,
                                          aten.addbmm, aten.addbmm_, aten.baddbmm,
@@ -381,12 +383,17 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
     if not asked:
         return
     found: list = []
+    whole = func.overloadpacket in _WHOLE_STAND_INS
 
     def stand_in(x):
         # a CPU tensor of x's dtype, one element per dimension (none where x has none: the
         # call's output is never larger than the real one's)
         if isinstance(x, torch.Tensor):
             found.append(x)
+            if whole:
+                if x.numel() > _WHOLE_LIMIT:
+                    raise _Skip
+                return torch.zeros(x.shape, dtype=x.dtype)
             return torch.zeros([min(n, 1) for n in x.shape], dtype=x.dtype)
         if isinstance(x, torch.Generator):
             raise _Skip
@@ -420,7 +427,7 @@ def _asked(func) -> bool:
     if torch.Tag.nondeterministic_seeded in func.tags:
         return False
     if (func.overloadpacket not in _MATRIX_PRODUCTS and func.overloadpacket not in _UNTAGGED
-            and not _pointwise(func)):
+            and func.overloadpacket not in _REDUCTIONS and not _pointwise(func)):
         return False
     name = func._schema.name.split("::", 1)[1]
     return not (name in _COPIES or name.endswith("_copy") or "fill" in name)
@@ -431,6 +438,18 @@ def _asked(func) -> bool:
 # pointwise tag whose CPU kernels refuse dtypes (``bool // bool``).
 _COPIES = frozenset({"copy", "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize"})
 _UNTAGGED = frozenset({aten.floor_divide, aten.floor_divide_})
+# Reductions, scans and sorts whose CPU kernels refuse dtypes the device would compute
+# (``argmax`` and ``topk`` of bools, ``var``/``std`` of integers, ``median`` and ``trace`` of
+# bools, ``logcumsumexp`` of integers, ordering and ``nansum`` of complex values); ``topk`` and
+# ``kthvalue`` check k against the real size before the dtype, so they are asked with zeros of
+# the real shape (up to _WHOLE_LIMIT elements).
+_REDUCTIONS = frozenset({aten.argmax, aten.argmin, aten.var, aten.std, aten.var_mean,
+                         aten.std_mean, aten.median, aten.nanmedian, aten.kthvalue, aten.topk,
+                         aten.trace, aten.logcumsumexp, aten._logcumsumexp, aten.amax, aten.amin,
+                         aten.max, aten.min, aten.aminmax, aten.mode, aten.sort, aten.argsort,
+                         aten.cummax, aten.cummin, aten.nansum})
+_WHOLE_STAND_INS = frozenset({aten.topk, aten.kthvalue})
+_WHOLE_LIMIT = 1 << 16
 
 
 def _pointwise(func) -> bool:
