@@ -440,14 +440,18 @@ _COPIES = frozenset({"copy", "copy_", "_to_copy", "_copy_from", "_copy_from_and_
 _UNTAGGED = frozenset({aten.floor_divide, aten.floor_divide_})
 # Reductions, scans and sorts whose CPU kernels refuse dtypes the device would compute
 # (``argmax`` and ``topk`` of bools, ``var``/``std`` of integers, ``median`` and ``trace`` of
-# bools, ``logcumsumexp`` of integers, ordering and ``nansum`` of complex values); ``topk`` and
+# bools, ``logcumsumexp`` of integers, ordering and ``nansum`` of complex values, a scatter's
+# ``amax`` of complex values and ``mean`` of bools, ``searchsorted``, ``histc`` and ``bincount``
+# of bools or integers); ``topk`` and
 # ``kthvalue`` check k against the real size before the dtype, so they are asked with zeros of
 # the real shape (up to _WHOLE_LIMIT elements).
 _REDUCTIONS = frozenset({aten.argmax, aten.argmin, aten.var, aten.std, aten.var_mean,
                          aten.std_mean, aten.median, aten.nanmedian, aten.kthvalue, aten.topk,
                          aten.trace, aten.logcumsumexp, aten._logcumsumexp, aten.amax, aten.amin,
                          aten.max, aten.min, aten.aminmax, aten.mode, aten.sort, aten.argsort,
-                         aten.cummax, aten.cummin, aten.nansum})
+                         aten.cummax, aten.cummin, aten.nansum, aten.scatter_reduce,
+                         aten.scatter_reduce_, aten.searchsorted, aten.bucketize, aten.histc,
+                         aten.bincount})
 _WHOLE_STAND_INS = frozenset({aten.topk, aten.kthvalue})
 _WHOLE_LIMIT = 1 << 16
 

@@ -319,8 +319,8 @@ def _bincount_special(cls, func, args, kwargs):
     from . import host_values
     b = tracer.bind(func, args, kwargs)
     x, weights, minlength = b["self"], b.get("weights"), int(b.get("minlength", 0) or 0)
-    if x.dim() != 1 or x.dtype.is_floating_point or x.dtype.is_complex or minlength < 0 or (
-            weights is not None and weights.shape != x.shape):
+    if (x.dim() != 1 or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool
+            or minlength < 0 or (weights is not None and weights.shape != x.shape)):
         host_values.raise_like_cpu(func, args, kwargs)   # eager's own error
     top = -1
     if x.numel():
