@@ -113,10 +113,8 @@ def _null_key(x):
 
 def _on_meta(x):
     if type(x) is _NullTracer:
-        size, stride, offset = x._null_geo[:3]
-        extent = offset + 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
-        return torch.empty(max(extent, 1), dtype=x.dtype, device="meta").as_strided(
-            size, stride, offset)
+        from xla_compat.functional.strides import meta_like
+        return meta_like(x)
     if type(x) in (list, tuple):
         return type(x)(_on_meta(e) for e in x)
     return x
@@ -137,8 +135,7 @@ def _answer(func, out):
         kind = type(out)
     items = []
     for k, o in enumerate(outs):
-        ret = returns[min(k, len(returns) - 1)] if returns else None
-        info = ret.alias_info if ret is not None else None
+        info = returns[min(k, len(returns) - 1)].alias_info
         if info is not None and info.is_write and frozenset(info.before_set) in written:
             items.append(("arg", written[frozenset(info.before_set)]))
         elif isinstance(o, torch.Tensor):
