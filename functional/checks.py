@@ -64,6 +64,7 @@ from torch._decomp import global_decomposition_table
 
 from xla_compat import write_checks
 from xla_compat.lazy import tracer
+from xla_compat.lowering import eager_checks
 from xla_compat.lowering.views import expanded, surely_distinct
 from xla_compat.write_checks import OutOp, meta_twins as _twins, tensors as _tensors
 
@@ -387,7 +388,7 @@ def _checked_ops():
 # -- bool - bool ---------------------------------------------------------------------------------
 
 _sub_upstream = None
-_SUB = torch.ops.aten.sub.Tensor
+_SUB = aten.sub.Tensor
 
 
 def _sub_functionalize(keyset, self, other, *, alpha=1):
@@ -405,12 +406,7 @@ def _sub_functionalize(keyset, self, other, *, alpha=1):
         kwargs = {"alpha": alpha} if alpha != 1 else None
         return torch._to_functional_tensor(direct._run(_SUB, (direct._from(self), other), kwargs))
     if self.dtype is torch.bool and other.dtype is torch.bool:
-        stand_in = torch.empty(0, dtype=torch.bool, device="meta")
-        try:
-            _SUB(stand_in, stand_in, alpha=alpha)
-        except RuntimeError as e:
-            raise RuntimeError(str(e).splitlines()[0] + tracer.raised_by(
-                _SUB, [self, other], ", functional path")) from None
+        eager_checks._no_bool_subtraction(_SUB, tracer.bind(_SUB, (self, other), {"alpha": alpha}))
     return _sub_upstream.call_boxed(keyset, self, other, alpha=alpha)
 
 
@@ -614,8 +610,8 @@ def install() -> None:
         _copy_upstream = torch.library.get_kernel(aten.copy_.default, "Functionalize")
         _lib.impl(aten.copy_.default, _copy_functionalize, "Functionalize", with_keyset=True)
         global _sub_upstream
-        _sub_upstream = torch.library.get_kernel(aten.sub.Tensor, "Functionalize")
-        _lib.impl(aten.sub.Tensor, _sub_functionalize, "Functionalize", with_keyset=True)
+        _sub_upstream = torch.library.get_kernel(_SUB, "Functionalize")
+        _lib.impl(_SUB, _sub_functionalize, "Functionalize", with_keyset=True)
         for op in _in_place_ops_with_operands(torch._C._dispatch_has_kernel_for_dispatch_key):
             _lib.impl(op, _in_place_overlap_kernel(op), "Functionalize", with_keyset=True)
         for op in _foreach_writes(torch._C._dispatch_has_kernel_for_dispatch_key):
