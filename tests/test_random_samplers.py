@@ -149,3 +149,17 @@ def test_randint_writes_its_out_tensor(path, dev, args):
     lo, hi = (0, args[0]) if len(args) == 1 else args
     assert got.min() == lo and got.max() == hi - 1
     _no_fallback()
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+def test_rand_of_a_complex_dtype_draws_both_parts(path, dev, dtype):
+    """Eager's complex ``rand``/``rand_like`` draw the real and the imaginary part uniformly
+    (``uniform_`` of ``view_as_real``); ``rand_like`` failed in jax's words."""
+    for got in (torch.rand_like(torch.zeros(N // 2, dtype=dtype, device=dev)),
+                torch.rand(N // 2, dtype=dtype, device=dev)):
+        got = got.cpu()
+        assert got.dtype == dtype
+        for part in (got.real, got.imag):
+            assert 0 <= part.min() and part.max() < 1
+            assert abs(part.mean().item() - 0.5) < 0.02
+    _no_fallback()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import xla_compat as xc
 from xla_compat import settings
@@ -233,6 +234,81 @@ def test_dtypes_eagers_kernel_refuses_are_refused_in_its_words(path, dev, fn, ar
     assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
 
 
+_IMAGE = torch.arange(2 * 3 * 4 * 4).reshape(2, 3, 4, 4) % 7
+
+
+def _target(x):
+    return torch.ones_like(x)
+
+
+@pytest.mark.parametrize("fn,arg", [
+    (lambda x: F.softmax(x, -1), _IMAGE.bool()),
+    (lambda x: F.log_softmax(x, 1), _IMAGE),
+    (lambda x: F.layer_norm(x, (4,)), _IMAGE.int()),
+    (lambda x: F.layer_norm(x, (4,)), _IMAGE.cfloat()),
+    (lambda x: F.group_norm(x, 3), _IMAGE.byte()),
+    (lambda x: F.batch_norm(x, None, None, training=True), _IMAGE),
+    (lambda x: F.instance_norm(x), _IMAGE.to(torch.int8)),
+    (lambda x: F.avg_pool2d(x, 2), _IMAGE.bool()),
+    (lambda x: F.avg_pool2d(x, 2), _IMAGE.int()),
+    (lambda x: F.max_pool2d(x, 2), _IMAGE.cfloat()),
+    (lambda x: F.max_pool2d(x, 2, return_indices=True), _IMAGE.bool()),
+    (lambda x: F.adaptive_avg_pool2d(x, 3), _IMAGE),
+    (lambda x: F.adaptive_max_pool2d(x, 3), _IMAGE.cfloat()),
+    (lambda x: F.local_response_norm(x, 2), _IMAGE.half()),
+    (lambda x: F.mse_loss(x, _target(x)), _IMAGE),
+    (lambda x: F.smooth_l1_loss(x, _target(x)), _IMAGE.bool()),
+    (lambda x: F.huber_loss(x, _target(x)), _IMAGE.int()),
+    (lambda x: F.binary_cross_entropy(x, _target(x)), _IMAGE.byte()),
+    (lambda x: F.binary_cross_entropy_with_logits(x, _target(x)), _IMAGE),
+    (lambda x: F.soft_margin_loss(x, _target(x)), _IMAGE),
+    (F.logsigmoid, _IMAGE.bool()),
+    (F.hardswish, _IMAGE),
+    (lambda x: F.prelu(x, torch.ones(1, dtype=x.dtype, device=x.device)), _IMAGE.int()),
+    (lambda x: F.glu(x, -1), _IMAGE.byte()),
+    (lambda x: F.interpolate(x, scale_factor=2), _IMAGE.int()),
+    (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), _IMAGE.to(torch.int8)),
+    (lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"), _IMAGE.cfloat()),
+    (lambda x: F.unfold(x, 2), _IMAGE),
+    (lambda x: F.grid_sample(x, torch.zeros(2, 3, 3, 2, device=x.device), align_corners=False),
+     _IMAGE),
+    (lambda x: F.pdist(x[0, 0]), _IMAGE.half()),
+    (lambda x: torch.cdist(x[0], x[1]), _IMAGE.bfloat16()),
+    (lambda x: F.rrelu(x, training=False), _IMAGE),
+    (lambda x: F.rrelu(x, training=True), _IMAGE.half()),
+    (torch.poisson, _IMAGE),
+    (torch._standard_gamma, _IMAGE.half()),
+    (lambda x: torch.multinomial(x[0, 0], 1), _IMAGE),
+    (lambda x: torch.normal(x, 1.0), _IMAGE),
+    (torch.rand_like, _IMAGE.bool()),
+    (torch.randn_like, _IMAGE),
+    (lambda x: torch.randint_like(x, 5), _IMAGE.bool()),
+    (lambda x: torch.binomial(x, x), _IMAGE),
+    (lambda x: x.clone().random_(0, 2), _IMAGE.cfloat()),
+], ids=["softmax bool", "log_softmax int64", "layer_norm int32", "layer_norm complex",
+        "group_norm uint8", "batch_norm int64", "instance_norm int8", "avg_pool2d bool",
+        "avg_pool2d int32", "max_pool2d complex", "max_pool2d indices bool",
+        "adaptive_avg_pool2d int64", "adaptive_max_pool2d complex", "local_response_norm half",
+        "mse_loss int64", "smooth_l1_loss bool", "huber_loss int32", "bce uint8",
+        "bce_with_logits int64", "soft_margin_loss int64", "logsigmoid bool",
+        "hardswish int64", "prelu int32", "glu uint8", "nearest int32", "bilinear int8",
+        "bicubic complex", "unfold int64", "grid_sample int64", "pdist half", "cdist bfloat16",
+        "rrelu eval int64", "rrelu train half", "poisson int64", "standard_gamma half",
+        "multinomial int64", "normal int64", "rand_like bool", "randn_like int64",
+        "randint_like bool above 1", "binomial int64", "random_ complex"])
+def test_nn_and_random_dtypes_eagers_kernel_refuses_are_refused_in_its_words(path, dev, fn, arg):
+    """CPU eager's nn and random kernels refuse these dtypes: the device computed most of them
+    (softmax of bools, pooling of integers, losses of integers, rand_like of integers...) or
+    failed in a decomposition's or jax's words (layer_norm's mean of integers, max pooling of
+    complex values while compiling). The nn kernels are asked with zeros of the real shape (they
+    check windows and normalised shapes first), the random ones with a generator of their own."""
+    expected = cpu_error(fn, arg)
+    with pytest.raises(type(expected)) as err:
+        fn(arg.to(dev))
+        xc.sync()
+    assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
+
+
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool, torch.float32], ids=str)
 def test_logit_of_integers_computes_in_the_float_result(path, dev, dtype):
     """``1 - x`` wrapped around for uint8 (logit(2) read logit(2/255)): the input is cast to the
@@ -255,18 +331,28 @@ def test_shifts_take_a_bool_operand_as_eager_does(path, dev, fn):
 
 
 def test_asking_the_cpu_kernel_about_dtypes_leaves_the_cpu_generator_alone(path, dev):
-    """The dtype check runs ops on CPU stand-ins: never one that draws from the user's CPU
-    generator (random ops are not asked)."""
+    """The dtype check runs ops on CPU stand-ins, random draws among them: their draws never
+    move the user's CPU generators (the default one's state is restored, a generator argument
+    is replaced by a fresh one)."""
     torch.manual_seed(3)
     want = torch.rand(4)
+    mine = torch.Generator().manual_seed(5)
+    want_mine = torch.rand(4, generator=mine)
     torch.manual_seed(3)
+    mine.manual_seed(5)
     x = torch.ones(5, 7).to(dev)     # shapes no other test traces: each op misses the meta cache
     torch.nn.functional.dropout(x, 0.3, training=True)
     torch.bernoulli(x * 0.5)
     torch.randn_like(x)
+    torch.multinomial(x, 2)
+    torch.nn.functional.rrelu(x, training=True)
+    torch.poisson(x)
+    x.clone().uniform_(generator=mine)
+    torch.bernoulli(x * 0.25, generator=mine)
     (x * 3 + 1).sin().sum()
     xc.sync()
     assert torch.equal(torch.rand(4), want)
+    assert torch.equal(torch.rand(4, generator=mine), want_mine)
 
 
 

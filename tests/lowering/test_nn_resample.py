@@ -127,3 +127,24 @@ def test_grid_sample_3d(mode, padding_mode):
     grid = torch.rand(2, 3, 2, 4, 3) * 2.6 - 1.3
     check(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode,
                                      align_corners=False), x, grid)
+
+
+@pytest.mark.parametrize("mode,antialias", [("bilinear", False), ("bicubic", False),
+                                            ("bilinear", True), ("bicubic", True)])
+@pytest.mark.parametrize("channels", [1, 3, 5])
+def test_uint8_images_resample_in_eagers_fixed_point(path, dev, mode, antialias, channels):
+    """CPU eager resamples uint8 images in integers (int16 weights, a rounding shift and a clamp
+    per pass, the last dim first; its AVX kernel for up to 4 channels and its generic one agree);
+    the device computed in uint8 arithmetic and was up to 10 off. Every value equals eager's."""
+    g = torch.Generator().manual_seed(channels)
+    x = torch.randint(0, 256, (2, channels, 6, 9), generator=g, dtype=torch.uint8)
+    cases = [{"scale_factor": 2}, {"size": (4, 5)}, {"size": (11, 7)},
+             {"scale_factor": (1.7, 0.6)}, {"size": (6, 4)}]
+    if not antialias:
+        cases += [{"size": (11, 7), "align_corners": True}, {"size": (3, 4), "align_corners": True}]
+    for kw in cases:
+        def fn(t):
+            return F.interpolate(t, mode=mode, antialias=antialias, **kw)
+        got = fn(x.to(dev)).cpu()
+        assert got.dtype == torch.uint8
+        assert torch.equal(got, fn(x)), kw

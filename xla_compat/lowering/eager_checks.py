@@ -370,7 +370,10 @@ _DTYPE_REFUSALS = (" not implemented for '", " not implemented for complex tenso
                    "Boolean inputs not supported for ",
                    "torch.sign is not intended to support complex numbers",
                    "does not support bool", "only support floating point and complex dtypes",
-                   "does not support complex")
+                   "does not support complex", " can't be cast to the desired output type ",
+                   " only supports floating-point dtypes for ",
+                   "handles only integral, floating-point and boolean",
+                   "to - 1 is out of bounds for ", "from is out of bounds for ")
 _MATRIX_PRODUCTS = frozenset(p for p in (aten.mm, aten.bmm, aten.addmm, aten.addmm_, aten.mv,
                                          aten.addmv, aten.addmv_, aten.dot, aten.vdot,
                                          aten.addbmm, aten.addbmm_, aten.baddbmm,
@@ -393,10 +396,10 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
             if whole:
                 if x.numel() > _WHOLE_LIMIT:
                     raise _Skip
-                return torch.zeros(x.shape, dtype=x.dtype)
+                return _zeros_like_layout(x)
             return torch.zeros([min(n, 1) for n in x.shape], dtype=x.dtype)
         if isinstance(x, torch.Generator):
-            raise _Skip
+            return torch.Generator()       # never the caller's: its state stays as it was
         return x
     try:
         cpu_args = tracer.map_nested(args, stand_in)
@@ -405,11 +408,15 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
         return
     if not found or any(t.layout != torch.strided for t in found):
         return
+    seeded = torch.Tag.nondeterministic_seeded in func.tags
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        # a draw from the default CPU generator is undone (the caller's sequence of random
+        # numbers on the CPU stays as it was)
+        with torch.no_grad(), warnings.catch_warnings(), \
+                torch.random.fork_rng(devices=[], enabled=seeded):
             warnings.simplefilter("ignore")
             func(*cpu_args, **cpu_kwargs)
-    except (NotImplementedError, RuntimeError) as e:
+    except (NotImplementedError, RuntimeError, ValueError) as e:
         if any(words in str(e) for words in _DTYPE_REFUSALS):
             _raise_not_implemented(func, args, kwargs, e)
     except Exception:      # noqa: BLE001 - a check of the stand-ins' shapes or values
@@ -422,12 +429,13 @@ class _Skip(Exception):
 
 @functools.lru_cache(maxsize=None)
 def _asked(func) -> bool:
-    """Is the CPU kernel asked about ``func``'s dtypes? Pointwise ops and matrix products,
-    except ones that draw random numbers or copy between dtypes and devices."""
-    if torch.Tag.nondeterministic_seeded in func.tags:
+    """Is the CPU kernel asked about ``func``'s dtypes? Pointwise ops, matrix products and the
+    listed reductions, nn ops and random draws, except copies between dtypes and devices."""
+    packet = func.overloadpacket
+    if torch.Tag.nondeterministic_seeded in func.tags and packet not in _RANDOM:
         return False
-    if (func.overloadpacket not in _MATRIX_PRODUCTS and func.overloadpacket not in _UNTAGGED
-            and func.overloadpacket not in _REDUCTIONS and not _pointwise(func)):
+    if (packet not in _MATRIX_PRODUCTS and packet not in _UNTAGGED and packet not in _REDUCTIONS
+            and packet not in _NN and packet not in _RANDOM and not _pointwise(func)):
         return False
     name = func._schema.name.split("::", 1)[1]
     return not (name in _COPIES or name.endswith("_copy") or "fill" in name)
@@ -452,8 +460,57 @@ _REDUCTIONS = frozenset({aten.argmax, aten.argmin, aten.var, aten.std, aten.var_
                          aten.cummax, aten.cummin, aten.nansum, aten.scatter_reduce,
                          aten.scatter_reduce_, aten.searchsorted, aten.bucketize, aten.histc,
                          aten.bincount})
-_WHOLE_STAND_INS = frozenset({aten.topk, aten.kthvalue})
-_WHOLE_LIMIT = 1 << 16
+# The nn ops whose CPU kernels refuse dtypes the device would compute or fail on in jax's
+# words: softmax and the normalisations of integers, pooling of bools and complex values,
+# losses of integers, upsampling and im2col of integers, pdist/cdist in half precision. Their
+# CPU kernels check sizes (windows, normalised shapes, halves, scale factors) before dtypes, so
+# they are asked with zeros of the real shape and strides (a kernel picks its memory-format
+# path from them): sizes that fit the tensors, so nothing reads out of bounds.
+_NN = frozenset({
+    aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.native_group_norm,
+    aten.native_batch_norm, aten._native_batch_norm_legit,
+    aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional,
+    aten.avg_pool2d, aten.avg_pool3d, aten.max_pool2d_with_indices,
+    aten.max_pool3d_with_indices, aten.adaptive_max_pool2d, aten.adaptive_max_pool3d,
+    aten._adaptive_avg_pool2d, aten._adaptive_avg_pool3d, aten.fractional_max_pool2d,
+    aten.fractional_max_pool3d, aten.max_unpool2d, aten.max_unpool3d,
+    aten.mse_loss, aten.smooth_l1_loss, aten.huber_loss, aten.binary_cross_entropy,
+    aten.binary_cross_entropy_with_logits, aten.soft_margin_loss, aten.multi_margin_loss,
+    aten.multilabel_margin_loss_forward, aten.nll_loss_forward, aten.nll_loss2d_forward,
+    aten.log_sigmoid_forward, aten.glu, aten.hardswish, aten.hardswish_, aten._prelu_kernel,
+    aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d,
+    aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d,
+    aten._upsample_nearest_exact3d, aten.upsample_linear1d, aten.upsample_bilinear2d,
+    aten._upsample_bilinear2d_aa, aten.upsample_bicubic2d, aten._upsample_bicubic2d_aa,
+    aten.upsample_trilinear3d, aten.grid_sampler_2d, aten.grid_sampler_3d, aten._pdist_forward,
+    aten._cdist_forward, aten.im2col, aten.col2im, aten.reflection_pad1d, aten.reflection_pad2d,
+    aten.reflection_pad3d, aten.replication_pad1d, aten.replication_pad2d,
+    aten.replication_pad3d})
+# Random draws whose CPU kernels refuse dtypes (``poisson``, ``bernoulli`` and ``normal`` of
+# integers, ``multinomial`` of integers, ``rand_like`` of integers, ``rrelu`` of integers,
+# ``dropout`` of complex values), asked with a generator of their own: a generator argument
+# becomes a fresh one, and a draw from the default CPU generator is undone (fork_rng).
+_RANDOM = frozenset({
+    aten.bernoulli, aten.bernoulli_, aten.normal, aten.normal_, aten.uniform_,
+    aten.exponential_, aten.geometric_, aten.cauchy_, aten.log_normal_, aten.random_,
+    # (the functional path's forms of the in-place fills)
+    aten.normal_functional, aten.uniform, aten.exponential, aten.geometric, aten.cauchy,
+    aten.log_normal, aten.random,
+    aten.multinomial, aten.poisson, aten._standard_gamma, aten.binomial, aten.rand_like,
+    aten.randn_like, aten.randint_like, aten.native_dropout, aten.rrelu_with_noise,
+    aten.rrelu_with_noise_, aten.rrelu_with_noise_functional})
+_WHOLE_STAND_INS = frozenset({aten.topk, aten.kthvalue}) | _NN
+# The most elements a stand-in of the real shape may have: the call runs once per signature
+# (a meta-cache miss), a few milliseconds at this size; a larger call is not asked.
+_WHOLE_LIMIT = 1 << 18
+
+
+def _zeros_like_layout(x: torch.Tensor) -> torch.Tensor:
+    """CPU zeros of ``x``'s dtype, shape and strides."""
+    if x.is_contiguous():
+        return torch.zeros(x.shape, dtype=x.dtype)
+    extent = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride())) if x.numel() else 0
+    return torch.zeros(extent, dtype=x.dtype).as_strided(x.shape, x.stride())
 
 
 def _pointwise(func) -> bool:

@@ -152,7 +152,7 @@ def randn_like(x, *, generator=None, key, aval, **_):
 
 @lowering(aten.rand_like.default, aten.rand_like.generator, random=True, meta=True)
 def rand_like(x, *, generator=None, key, aval, **_):
-    return cast(uniform(key, aval.shape, _float(aval)), aval.dtype)
+    return uniform_(x, key=key, aval=aval)      # (complex: both parts drawn, as uniform_)
 
 
 @lowering(aten.randint_like.default, aten.randint_like.generator, aten.randint_like.Tensor,
@@ -170,7 +170,7 @@ def randint_like_low(x, low, high, *, generator=None, key, aval, **_):
 
 @lowering(aten.rand.out, aten.rand.generator_out, random=True, static=True, meta=True)
 def rand_out(size, *, generator=None, key, aval, **_):
-    return cast(uniform(key, aval.shape, _float(aval)), aval.dtype)
+    return uniform_(None, key=key, aval=aval)
 
 
 @lowering(aten.randn.out, aten.randn.generator_out, random=True, static=True, meta=True)

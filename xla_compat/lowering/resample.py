@@ -215,9 +215,132 @@ def _stored_taps(taps, n_in, n_out, align_corners, scale, low):
     return stored
 
 
-def _interp_rules(op, op_bw, taps):
+# -- uint8 images: eager's fixed-point path ---------------------------------------------------------
+# CPU eager resamples uint8 bilinear/bicubic (antialiased or not) its own way (PIL's): one dim at a
+# time, the last first, skipping dims whose size does not change, each pass in integers: weights
+# computed in double, scaled to int16 by the most bits that keep the largest below 2**15, the
+# taps summed in int32 with half of the last bit added, shifted back and clamped to 0..255, and
+# stored as uint8 before the next pass. A float computation rounded at the end is off by up to
+# a few units.
+
+def _linear_filter(x):
+    x = abs(x)
+    return 1.0 - x if x < 1.0 else 0.0
+
+
+def _cubic_filter(a):
+    def f(x):
+        x = abs(x)
+        if x < 1.0:
+            return ((a + 2) * x - (a + 3)) * x * x + 1
+        if x < 2.0:
+            return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+        return 0.0
+    return f
+
+
+def _double_scale(n_in, n_out, align_corners, scale):
+    """area_pixel_compute_scale<double>."""
+    if align_corners:
+        return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+
+
+def _uint8_weights(n_in, n_out, align_corners, scale, interp_size, filt, antialias):
+    """Per output position: the first input index, how many taps and their double weights
+    (ATen's _compute_indices_min_size_weights and its _aa form), and the largest weight."""
+    s = _double_scale(n_in, n_out, align_corners, scale)
+    if antialias:
+        support = interp_size * 0.5 * s if s >= 1.0 else interp_size * 0.5
+        width = int(np.ceil(support)) * 2 + 1
+    else:
+        width = interp_size
+    rows, wt_max = [], 0.0
+    for i in range(n_out):
+        wt = [0.0] * width
+        if antialias:
+            center = s * (i + 0.5)
+            invscale = 1.0 / s if s >= 1.0 else 1.0
+            lo = max(int(center - support + 0.5), 0)
+            size = min(max(min(int(center + support + 0.5), n_in) - lo, 0), width)
+            for j in range(size):
+                wt[j] = filt((j + lo - center + 0.5) * invscale)
+            total = sum(wt[:size])
+            if total != 0.0:
+                wt[:size] = [w / total for w in wt[:size]]
+                wt_max = max([wt_max, *wt[:size]])
+        else:
+            cubic = interp_size > 2
+            if align_corners:
+                real = s * i
+            else:
+                real = s * (i + 0.5) - 0.5
+                real = real if cubic or real >= 0 else 0.0
+            index = min(int(np.floor(np.float32(real))), n_in - 1)      # floorf
+            lam = min(max(real - index, 0.0), 1.0)
+            half = interp_size // 2
+            unbound = index - half + 1
+            lo = max(unbound, 0)
+            size = min(max(min(index + half + 1, n_in) - lo, 0), width)
+            k = 0
+            for j in range(width):
+                wt[j] = 0.0
+                w = filt(float(j + 1 - half) - lam)
+                if unbound + j <= 0:
+                    k = 0
+                elif unbound + j >= n_in - 1:
+                    k = size - 1
+                wt[k] += w
+                wt_max = max(wt_max, wt[k])
+                k += 1
+        rows.append((lo, size, wt))
+    return rows, wt_max, width
+
+
+def _uint8_taps(n_in, n_out, align_corners, scale, interp_size, filt, antialias):
+    """(indices, int16 weights as int32, precision): ATen's _compute_index_ranges_int16_weights;
+    taps past a position's count weigh 0."""
+    rows, wt_max, width = _uint8_weights(n_in, n_out, align_corners, scale, interp_size, filt,
+                                         antialias)
+    precision = 0
+    while precision < 22 and int(0.5 + wt_max * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    idx = np.zeros((width, n_out), np.int64)
+    w16 = np.zeros((width, n_out), np.int32)
+    for i, (lo, size, wt) in enumerate(rows):
+        for j in range(width):
+            if j < size:
+                v = wt[j] * (1 << precision)
+                idx[j, i], w16[j, i] = lo + j, int(v - 0.5) if v < 0 else int(v + 0.5)
+            else:
+                idx[j, i] = min(lo, n_in - 1)
+    return idx, w16, precision
+
+
+def _interpolate_uint8(x, output_size, align_corners, scales, spec):
+    interp_size, filt, antialias = spec
+    n = len(output_size)
+    scales = list(scales) + [None] * (n - len(scales))
+    for d in reversed(range(n)):
+        ax = x.ndim - n + d
+        if x.shape[ax] == output_size[d]:
+            continue
+        idx, w16, precision = _uint8_taps(x.shape[ax], output_size[d], align_corners,
+                                          scales[d], interp_size, filt, antialias)
+        y = x.astype(jnp.int32)
+        acc = jnp.int32(1 << (precision - 1))
+        for k in range(idx.shape[0]):
+            acc = acc + _take(y, idx[k], ax) * _along(jnp.asarray(w16[k]), ax, y.ndim)
+        x = jnp.clip(jnp.right_shift(acc, precision), 0, 255).astype(jnp.uint8)
+    return x
+
+
+def _interp_rules(op, op_bw, taps, uint8=None):
     @lowering(op, static=True)
     def forward(x, output_size, align_corners, *scales, **named):
+        if x.dtype == jnp.uint8 and uint8 is not None:
+            return _interpolate_uint8(x, output_size, align_corners, _scales(scales, named),
+                                      uint8)
         return _interpolate(x, output_size, align_corners, _scales(scales, named), taps)
 
     @lowering(op_bw, static=True)
@@ -233,15 +356,15 @@ def _interp_rules(op, op_bw, taps):
 
 _interp_rules(aten.upsample_linear1d.default, aten.upsample_linear1d_backward.default, _linear_taps)
 _interp_rules(aten.upsample_bilinear2d.default, aten.upsample_bilinear2d_backward.default,
-              _linear_taps)
+              _linear_taps, uint8=(2, _linear_filter, False))
 _interp_rules(aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backward.default,
               _linear_taps)
 _interp_rules(aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default,
-              _cubic_taps)
+              _cubic_taps, uint8=(4, _cubic_filter(-0.75), False))
 _interp_rules(aten._upsample_bilinear2d_aa.default, aten._upsample_bilinear2d_aa_backward.default,
-              _aa_taps(2, _triangle))
+              _aa_taps(2, _triangle), uint8=(2, _linear_filter, True))
 _interp_rules(aten._upsample_bicubic2d_aa.default, aten._upsample_bicubic2d_aa_backward.default,
-              _aa_taps(4, _keys_cubic))
+              _aa_taps(4, _keys_cubic), uint8=(4, _cubic_filter(-0.5), True))
 
 
 # -- padding ----------------------------------------------------------------------------------------
