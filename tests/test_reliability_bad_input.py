@@ -309,6 +309,83 @@ def test_nn_and_random_dtypes_eagers_kernel_refuses_are_refused_in_its_words(pat
     assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
 
 
+_SQUARE = torch.tensor([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]])
+
+
+@pytest.mark.parametrize("fn,arg", [
+    (torch.linalg.inv, _SQUARE.long()),
+    (torch.linalg.det, _SQUARE.half()),
+    (lambda x: torch.linalg.solve(x, x), _SQUARE.bfloat16()),
+    (torch.linalg.cholesky, _SQUARE.half()),
+    (torch.linalg.qr, _SQUARE.int()),
+    (torch.linalg.svdvals, _SQUARE.half()),
+    (torch.linalg.eigh, _SQUARE.long()),
+    (torch.linalg.eigvals, _SQUARE.int()),
+    (torch.linalg.lu, _SQUARE.bool()),
+    (torch.linalg.lu_factor, _SQUARE.half()),
+    (lambda x: torch.linalg.solve_triangular(x, x, upper=True), _SQUARE.half()),
+    (lambda x: torch.linalg.householder_product(x, x[0, :2]), _SQUARE.byte()),
+    (lambda x: torch.linalg.lstsq(x, x), _SQUARE.long()),
+    (lambda x: torch.linalg.lstsq(x, x), _SQUARE.half()),
+    (lambda x: torch.linalg.cross(x, x), _SQUARE.bool()),
+    (lambda x: torch.stft(x.reshape(-1), 4, return_complex=True), _SQUARE.half()),
+    (lambda x: torch.polar(x, x), _SQUARE.long()),
+    (lambda x: torch.complex(x, x), _SQUARE.int()),
+    (lambda x: torch.isin(x, x[0]), _SQUARE.bool()),
+    (lambda x: torch.heaviside(x, x), _SQUARE.cfloat()),
+    (lambda x: torch.addcdiv(x, x, x), _SQUARE.bool()),
+    (lambda x: torch.mvlgamma(x, 1), _SQUARE.bool()),
+    (lambda x: torch.histogram(x.reshape(-1), 4), _SQUARE.long()),
+    (lambda x: torch.nn.functional.conv2d(x[None, None], x[None, None, :2, :2]), _SQUARE.bool()),
+], ids=["inv int64", "det half", "solve bfloat16", "cholesky half", "qr int32", "svdvals half",
+        "eigh int64", "eigvals int32", "lu bool", "lu_factor half", "solve_triangular half",
+        "householder_product uint8", "lstsq int64", "lstsq half", "cross bool", "stft half",
+        "polar int64", "complex int32", "isin bool", "heaviside complex", "addcdiv bool",
+        "mvlgamma bool", "histogram int64", "conv2d bool"])
+def test_linalg_fft_and_other_dtypes_eagers_kernel_refuses_are_refused_in_its_words(path, dev,
+                                                                                     fn, arg):
+    """CPU eager's LAPACK, FFT and a few composite kernels refuse these dtypes; the device
+    failed in jax's words while lowering or compiling (lu of integers, svd in float16), computed
+    (solve_triangular in float16, addcdiv of bools, mvlgamma of bools, histogram of integers,
+    conv2d of bools) or raised another error type (polar of integers: an AssertionError)."""
+    expected = cpu_error(fn, arg)
+    with pytest.raises(type(expected)) as err:
+        fn(arg.to(dev))
+        xc.sync()
+    assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
+
+
+_IMAGES = torch.arange(2 * 3 * 6 * 6, dtype=torch.float32).reshape(2, 3, 6, 6) / 100
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: F.conv_transpose2d(x, torch.ones(2, 3, 2, 2, device=x.device)),
+    lambda x: F.conv2d(x, torch.ones(4, 2, 2, 2, device=x.device)),
+    lambda x: F.conv2d(x, torch.ones(4, 1, 2, 2, device=x.device), groups=2),
+    lambda x: F.conv2d(x, torch.ones(4, 3, 2, 2, device=x.device), torch.ones(3, device=x.device)),
+    lambda x: F.conv_transpose2d(x, torch.ones(3, 2, 2, 2, device=x.device),
+                                 torch.ones(3, device=x.device)),
+    lambda x: F.conv2d(x, torch.ones(4, 3, 2, device=x.device)),
+    lambda x: F.conv2d(x, torch.ones(4, 3, 2, 2, device=x.device, dtype=torch.float64)),
+    lambda x: F.conv2d(x, torch.ones(4, 3, 2, 2, device=x.device),
+                       torch.ones(4, device=x.device, dtype=torch.float64)),
+    lambda x: F.conv2d(x, torch.ones(4, 3, 7, 7, device=x.device)),
+], ids=["transposed input channels", "input channels", "channels and groups", "bias size",
+        "transposed bias size", "weight rank", "weight dtype", "bias dtype", "kernel too big"])
+def test_convolution_operands_eager_refuses_raise_its_words(path, dev, fn):
+    """Eager checks a convolution's channels (transposed too), bias, weight rank and dtypes
+    before computing; the meta kernel says "Invalid channel dimensions", raises an IndexError for
+    a weight of another rank and skips the bias, the transposed channels and the dtypes (which
+    failed while lowering). The message quotes the real input's sizes."""
+    expected = cpu_error(fn, _IMAGES)
+    x = _IMAGES.to(dev)
+    with pytest.raises(type(expected)) as err:
+        fn(x)
+        xc.sync()
+    assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
+    assert torch.equal(x.cpu(), _IMAGES)
+
+
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool, torch.float32], ids=str)
 def test_logit_of_integers_computes_in_the_float_result(path, dev, dtype):
     """``1 - x`` wrapped around for uint8 (logit(2) read logit(2/255)): the input is cast to the

@@ -311,6 +311,31 @@ def _lerp_dtypes(func, b):
                             f"got dtype {_CPP_NAME.get(t.dtype, t.dtype)}")
 
 
+@tracer.eager_check_first(*_overloads(aten.convolution))
+def _convolution(func, b):
+    """Eager's checks of a convolution's operands: the input's channels against the weight and
+    groups (a transposed convolution's too), the bias's size, the weight's rank, an input and a
+    weight of two dtypes, bool operands. The meta kernel makes a few in other words ("Invalid
+    channel dimensions", an IndexError for a weight of another rank) and skips the rest, which
+    then failed while lowering. Asked of the CPU kernel, before the meta kernel, on zeros of the
+    real shapes and strides (its messages quote the input's sizes, and which of its kernels
+    checks the dtypes depends on the batch size): once per signature, a convolution of the
+    zeros when the call is valid; not asked past _WHOLE_LIMIT elements of input or weight."""
+    x, w, bias = b.get("input"), b.get("weight"), b.get("bias")
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)):
+        return
+    if x.numel() > _WHOLE_LIMIT or w.numel() > _WHOLE_LIMIT:
+        return
+    cpu = dict(b, input=_zeros_like_layout(x), weight=_zeros_like_layout(w))
+    if isinstance(bias, torch.Tensor):
+        cpu["bias"] = _zeros_like_layout(bias)
+
+    def call():
+        with torch.no_grad():
+            func(**cpu)
+    _raise_eager_error(func, b, call)
+
+
 @tracer.eager_check_first(*_overloads(aten.dot, aten.vdot))
 def _dot_dtypes(func, b):
     x, y = b.get("self"), b.get("tensor", b.get("other"))    # (dot's second is "tensor")
@@ -373,7 +398,15 @@ _DTYPE_REFUSALS = (" not implemented for '", " not implemented for complex tenso
                    "does not support complex", " can't be cast to the desired output type ",
                    " only supports floating-point dtypes for ",
                    "handles only integral, floating-point and boolean",
-                   "to - 1 is out of bounds for ", "from is out of bounds for ")
+                   "to - 1 is out of bounds for ", "from is out of bounds for ",
+                   "Expected both inputs to be Half, Float or Double tensors",
+                   "Unsupported input type encountered for ",
+                   "is not yet implemented for complex tensors",
+                   "Integer division with addcdiv is no longer supported",
+                   "FFT doesn't support tensors of type", "Unknown Complex ScalarType for ",
+                   "This function doesn't handle types other than float and double",
+                   "The input tensor may not be a boolean tensor",
+                   "Expected a floating point or complex tensor as input")
 _MATRIX_PRODUCTS = frozenset(p for p in (aten.mm, aten.bmm, aten.addmm, aten.addmm_, aten.mv,
                                          aten.addmv, aten.addmv_, aten.dot, aten.vdot,
                                          aten.addbmm, aten.addbmm_, aten.baddbmm,
@@ -435,7 +468,8 @@ def _asked(func) -> bool:
     if torch.Tag.nondeterministic_seeded in func.tags and packet not in _RANDOM:
         return False
     if (packet not in _MATRIX_PRODUCTS and packet not in _UNTAGGED and packet not in _REDUCTIONS
-            and packet not in _NN and packet not in _RANDOM and not _pointwise(func)):
+            and packet not in _NN and packet not in _RANDOM and packet not in _LINALG
+            and not _pointwise(func)):
         return False
     name = func._schema.name.split("::", 1)[1]
     return not (name in _COPIES or name.endswith("_copy") or "fill" in name)
@@ -445,7 +479,10 @@ def _asked(func) -> bool:
 # contain the words), and fills, which take every dtype; and elementwise ops without the
 # pointwise tag whose CPU kernels refuse dtypes (``bool // bool``).
 _COPIES = frozenset({"copy", "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize"})
-_UNTAGGED = frozenset({aten.floor_divide, aten.floor_divide_})
+_UNTAGGED = frozenset({aten.floor_divide, aten.floor_divide_, aten.polar, aten.complex,
+                       aten.isin, aten.mvlgamma, aten.mvlgamma_, aten.histogram,
+                       aten.histogramdd, aten._histogramdd_bin_edges,
+                       aten._histogramdd_from_bin_cts, aten._histogramdd_from_bin_tensors})
 # Reductions, scans and sorts whose CPU kernels refuse dtypes the device would compute
 # (``argmax`` and ``topk`` of bools, ``var``/``std`` of integers, ``median`` and ``trace`` of
 # bools, ``logcumsumexp`` of integers, ordering and ``nansum`` of complex values, a scatter's
@@ -499,7 +536,22 @@ _RANDOM = frozenset({
     aten.multinomial, aten.poisson, aten._standard_gamma, aten.binomial, aten.rand_like,
     aten.randn_like, aten.randint_like, aten.native_dropout, aten.rrelu_with_noise,
     aten.rrelu_with_noise_, aten.rrelu_with_noise_functional})
-_WHOLE_STAND_INS = frozenset({aten.topk, aten.kthvalue}) | _NN
+# Linear algebra and FFTs, whose LAPACK and pocketfft/MKL kernels take float and complex dtypes
+# only (half precision neither): the device failed in jax's words while lowering or compiling
+# (``lu``, ``eigh``, ``svd`` of integers or float16), or computed (``solve_triangular`` in
+# float16). Asked with zeros of the real shape: their size checks (square matrices, matching
+# batch dims, an FFT's lengths) come first, and a LAPACK call on zeros only reports a singular
+# matrix in its ``info``.
+_LINALG = frozenset({
+    aten.linalg_lu, aten.linalg_lu_factor_ex, aten.linalg_lu_solve, aten.lu_unpack,
+    aten._linalg_det, aten._linalg_slogdet, aten.linalg_solve_triangular,
+    aten.triangular_solve, aten._linalg_solve_ex, aten.linalg_cholesky_ex, aten.cholesky,
+    aten.cholesky_solve, aten.cholesky_inverse, aten.linalg_qr, aten.geqrf, aten.ormqr,
+    aten._linalg_svd, aten._linalg_eigh, aten.linalg_eig, aten._linalg_eigvals,
+    aten.linalg_lstsq, aten.linalg_householder_product, aten.linalg_inv_ex, aten.linalg_cross,
+    aten.linalg_ldl_factor_ex, aten.linalg_ldl_solve, aten._fft_r2c, aten._fft_c2c,
+    aten._fft_c2r})
+_WHOLE_STAND_INS = frozenset({aten.topk, aten.kthvalue}) | _NN | _LINALG
 # The most elements a stand-in of the real shape may have: the call runs once per signature
 # (a meta-cache miss), a few milliseconds at this size; a larger call is not asked.
 _WHOLE_LIMIT = 1 << 18

@@ -293,8 +293,10 @@ def _lstsq_special(cls, func, args, kwargs):
 
 def _check_lstsq(a, b, driver):
     if a.dtype != b.dtype:
+        name = tracer.type_name
         raise RuntimeError(f"torch.linalg.lstsq: Expected input and other to have the same dtype, "
-                           f"but got input's dtype {a.dtype} and other's dtype {b.dtype}")
+                           f"but got input's dtype {name(a.dtype)} and other's dtype "
+                           f"{name(b.dtype)}")
     if a.dim() < 2:
         raise RuntimeError(f"torch.linalg.lstsq: input must have at least 2 dimensions.")
     if b.dim() < 1:
@@ -307,3 +309,8 @@ def _check_lstsq(a, b, driver):
     if rows != a.shape[-2]:
         raise RuntimeError(
             f"torch.linalg.lstsq: input.size(-2) should match other.size({-1 if vector else -2})")
+    if a.dtype not in _LAPACK_DTYPES:         # (eager's LAPACK kernel, after its size checks)
+        raise RuntimeError("This function doesn't handle types other than float and double")
+
+
+_LAPACK_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
