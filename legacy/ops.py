@@ -46,6 +46,8 @@ def dispatch(func, args, kwargs):
         handler = RESTRIDES.get(func)
         if handler is not None:
             return handler(func, args, kwargs)
+        if _composite_view(func):
+            return func.decompose(*args, **kwargs)
         if func._schema.is_mutable:
             if (write_checks.foreach_write(func)
                     and write_checks.foreach_crosses(args, kwargs, STORAGES)):
@@ -64,6 +66,20 @@ def dispatch(func, args, kwargs):
                 return run_out_op(func, plan, args, kwargs)
             resize_outs(func, args, kwargs)
         return tracer.trace(LegacyTensor, func, args, kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _composite_view(func) -> bool:
+    """Does ``func`` return a view of an input through its CompositeImplicitAutograd kernel
+    alone (``narrow``, ``flatten``, ``chunk``, ``reshape``...)? Such an op reaches the path only
+    from inside another composite kernel below autograd (``bartlett_window`` narrows its result
+    in C++ and writes through it); traced as an op of its own it became a new storage, and the
+    writes through it never reached the base. Its composite kernel makes the view from ops the
+    path knows (``slice``, ``view``...), as eager's does."""
+    aliases = any(r.alias_info is not None and not r.alias_info.is_write
+                  for r in func._schema.returns)
+    return aliases and torch._C._dispatch_has_kernel_for_dispatch_key(
+        func.name(), "CompositeImplicitAutograd")
 
 
 # ----------------------------------------------------------------------------------------------

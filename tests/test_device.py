@@ -228,3 +228,33 @@ def test_device_copy_does_not_share_memory_with_the_cpu_tensor(path, dev):
     back = d.cpu()
     back.mul_(0)
     assert_same(d, torch.arange(6.0))
+
+
+@pytest.mark.parametrize("window", [torch.bartlett_window, torch.hann_window,
+                                    torch.hamming_window, torch.blackman_window],
+                         ids=["bartlett", "hann", "hamming", "blackman"])
+@pytest.mark.parametrize("periodic", [True, False], ids=["periodic", "symmetric"])
+def test_window_functions_match_cpu(path, dev, window, periodic):
+    """``bartlett_window``'s composite narrows its result in C++ and writes through the narrow;
+    that narrow reached the legacy path as an op of its own (below autograd, not decomposed into
+    a slice), became a new storage, and the write was lost: the second half of every window
+    read 1.5, 2.0 where eager's falls back to 0."""
+    for n in (0, 1, 2, 5, 8):
+        assert_same(window(n, periodic=periodic, device=dev), window(n, periodic=periodic),
+                    rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32, torch.int64], ids=str)
+def test_arange_of_an_integer_dtype_with_fractional_bounds_or_step(path, dev, dtype):
+    """Eager counts ceil((end - start) / step) elements in double and steps by the step
+    converted to the integer (int64 converts all three first, and refuses a step that becomes
+    0 with a ValueError); torch's meta kernel converted the step first, so ``arange(0, 1, 0.3,
+    dtype=int8)`` raised "step must be nonzero" on the device."""
+    for args in [(0, 1, 0.3), (0, 5, 1.5), (0.5, 3, 1), (0, 2.5, 1), (5, 0, -1.5), (0, 1, 0.5)]:
+        try:
+            want = torch.arange(*args, dtype=dtype)
+        except ValueError as e:
+            with pytest.raises(ValueError, match=str(e)):
+                torch.arange(*args, dtype=dtype, device=dev)
+            continue
+        assert_same(torch.arange(*args, dtype=dtype, device=dev), want)

@@ -493,3 +493,32 @@ def test_path_registration_and_to_path():
     moved[0] = 7          # a copy: the core tensor is untouched
     assert_same(moved + x, torch.tensor([7.0, 3.0, 6.0, 9.0]))
     assert_same(c, torch.tensor([0.0, 2.0, 4.0, 6.0]))
+
+
+@pytest.mark.parametrize("to", [torch.int8, torch.int16, torch.float32, torch.float64,
+                                torch.complex128], ids=str)
+def test_view_dtype_of_a_complex_tensor_reinterprets_its_parts(to):
+    """A complex tensor viewed as another dtype reads its parts' bytes, real then imaginary
+    (XLA bitcasts no complex type, and the lowering failed in jax's words); a write through the
+    view reaches the complex base."""
+    def prog(x):
+        v = x.view(to)
+        v[0] = 0
+        return [v, x]
+
+    run_both(prog, torch.tensor([1.5 - 2j, -0.25 + 4j, 3 + 0.5j, 0j], dtype=torch.complex64)
+             if to != torch.complex128 else torch.randn(4, 4, dtype=torch.complex64))
+
+
+def test_composite_views_reached_below_autograd_alias_their_base():
+    """Composite views (``narrow``, ``chunk``, ``flatten``) called from inside another composite
+    kernel reach the path as ops of their own; they are made through their composite kernels
+    (slices and views), so writes through them reach the base, as in eager."""
+    def prog(x):
+        with torch._C._AutoDispatchBelowAutograd():
+            torch.ops.aten.narrow.default(x, 0, 2, 3).mul_(-1)
+            torch.ops.aten.chunk.default(x, 2)[1].add_(100)
+            torch.ops.aten.flatten.using_ints(x.view(2, 3))[0:1].fill_(7)
+        return [x]
+
+    run_both(prog, torch.arange(6.0))

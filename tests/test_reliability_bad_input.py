@@ -355,6 +355,55 @@ def test_linalg_fft_and_other_dtypes_eagers_kernel_refuses_are_refused_in_its_wo
     assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
 
 
+_GRID = torch.arange(12).reshape(3, 4)
+_SOURCE = torch.ones(1, 4, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fn,arg", [
+    (lambda x: x.fill_(300), _GRID.byte()),
+    (lambda x: x.fill_(1e40), _GRID.int()),
+    (lambda x: x.fill_(1j), _GRID),
+    (lambda x: x.fill_(1e40), _GRID.half()),
+    (lambda x: x.fill_(-1e39), _GRID.bfloat16()),
+    (lambda x: x.__setitem__(0, 1j), _GRID.int()),
+    (lambda x: x.index_fill(0, torch.tensor([0], device=x.device), 1j), _GRID),
+    (lambda x: x.index_copy(0, torch.tensor([0], device=x.device), _SOURCE.to(x.device)), _GRID),
+    (lambda x: x.index_add(0, torch.tensor([0], device=x.device), _SOURCE.to(x.device)),
+     _GRID.bool()),
+    (lambda x: x.put_(torch.tensor([0], device=x.device), torch.tensor([2.5], device=x.device)),
+     _GRID),
+    (lambda x: torch.full((2,), 300, dtype=torch.int8, device=x.device), _GRID),
+    (lambda x: torch.arange(4, dtype=torch.bool, device=x.device), _GRID),
+    (lambda x: torch.arange(4, dtype=torch.complex64, device=x.device), _GRID),
+    (lambda x: torch.hann_window(4, dtype=torch.complex64, device=x.device), _GRID),
+    (lambda x: torch.kaiser_window(4, dtype=torch.complex64, device=x.device), _GRID),
+    (lambda x: torch.linspace(0, 1, 3, dtype=torch.bool, device=x.device), _GRID),
+    (lambda x: torch.logspace(0, 1, 3, dtype=torch.bool, device=x.device), _GRID),
+    (lambda x: torch.randperm(3, dtype=torch.bool, device=x.device), _GRID),
+    (lambda x: torch.tril_indices(3, 3, dtype=torch.float32, device=x.device), _GRID),
+], ids=["fill_ 300 uint8", "fill_ 1e40 int32", "fill_ 1j int64", "fill_ 1e40 half",
+        "fill_ -1e39 bfloat16", "setitem 1j int32", "index_fill 1j", "index_copy float64 source",
+        "index_add float64 source into bool", "put_ float source", "full 300 int8",
+        "arange bool", "arange complex", "hann_window complex", "kaiser_window complex",
+        "linspace bool", "logspace bool", "randperm bool", "tril_indices float32"])
+def test_values_sources_and_factory_dtypes_eager_refuses_are_refused_in_its_words(path, dev, fn,
+                                                                                arg):
+    """A fill value the dtype cannot hold, a source of another dtype for an index write, and the
+    dtypes eager's factory kernels refuse: the device converted, wrapped or computed each."""
+    expected = cpu_error(fn, arg.clone())
+    with pytest.raises(type(expected)) as err:
+        fn(arg.to(dev))
+        xc.sync()
+    assert str(err.value).splitlines()[0] == str(expected).splitlines()[0]
+
+
+def test_fill_of_one_half_element_overflows_to_inf_as_eager_does(path, dev):
+    """Eager fills a one-element tensor through its own path, which converts without a check:
+    1e40 into one float16 element is inf there (and refused for two elements)."""
+    want = torch.zeros(1, dtype=torch.float16).fill_(1e40)
+    assert_same(torch.zeros(1, dtype=torch.float16, device=dev).fill_(1e40), want)
+
+
 _IMAGES = torch.arange(2 * 3 * 6 * 6, dtype=torch.float32).reshape(2, 3, 6, 6) / 100
 
 

@@ -336,6 +336,44 @@ def _convolution(func, b):
     _raise_eager_error(func, b, call)
 
 
+# Factories reach the device through their out= forms (``torch.arange(..., device=)`` is an
+# empty tensor and ``arange.start_out``): their CPU kernels refuse dtypes (``arange`` of bools
+# or complex values, ``linspace``/``logspace`` of bools, ``randperm`` of bools) the device
+# computed. Asked with the smallest call of the same dtype (the real sizes may be large; only
+# a dtype refusal is taken from it).
+_FACTORY_PROBES = {
+    aten.arange: lambda out: torch.arange(0, 1, 1, out=out),
+    aten.linspace: lambda out: torch.linspace(0, 1, 2, out=out),     # (one step: no kernel)
+    aten.logspace: lambda out: torch.logspace(0, 1, 2, out=out),
+    aten.randperm: lambda out: torch.randperm(1, out=out, generator=torch.Generator()),
+}
+
+
+@tracer.eager_check_first(*_overloads(*_FACTORY_PROBES))
+def _factory_dtypes(func, b):
+    out = b.get("out")
+    if not isinstance(out, torch.Tensor):
+        return
+    try:
+        _FACTORY_PROBES[func.overloadpacket](torch.empty(0, dtype=out.dtype))
+    except (NotImplementedError, RuntimeError) as e:
+        if any(words in str(e) for words in _DTYPE_REFUSALS):
+            _raise_not_implemented(func, [], b, e)
+
+
+def factory_dtype_check(probe, dtype, name: str) -> None:
+    """For the factories the device implements as kernels (``tril_indices``): ``probe`` (the
+    smallest CPU call of ``dtype``) raising a dtype refusal raises it, naming ``name``."""
+    try:
+        probe()
+    except (NotImplementedError, RuntimeError) as e:
+        if any(words in str(e) for words in _DTYPE_REFUSALS):
+            message = str(e).splitlines()[0]
+            raise type(e)(f"{message}\n  (xla_compat: raised by {name} of dtype {dtype}: CPU "
+                          f"eager has no kernel for it, so the device refuses the call too)") \
+                from None
+
+
 @tracer.eager_check_first(*_overloads(aten.dot, aten.vdot))
 def _dot_dtypes(func, b):
     x, y = b.get("self"), b.get("tensor", b.get("other"))    # (dot's second is "tensor")
@@ -406,7 +444,11 @@ _DTYPE_REFUSALS = (" not implemented for '", " not implemented for complex tenso
                    "FFT doesn't support tensors of type", "Unknown Complex ScalarType for ",
                    "This function doesn't handle types other than float and double",
                    "The input tensor may not be a boolean tensor",
-                   "Expected a floating point or complex tensor as input")
+                   "Expected a floating point or complex tensor as input",
+                   "value cannot be converted to type ",
+                   "Converting complex Scalar to non-complex type is not supported",
+                   " expected to have the same dtype, but got ",
+                   " must have the same scalar type")
 _MATRIX_PRODUCTS = frozenset(p for p in (aten.mm, aten.bmm, aten.addmm, aten.addmm_, aten.mv,
                                          aten.addmv, aten.addmv_, aten.dot, aten.vdot,
                                          aten.addbmm, aten.addbmm_, aten.baddbmm,
@@ -420,12 +462,15 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
         return
     found: list = []
     whole = func.overloadpacket in _WHOLE_STAND_INS
+    pair = func.overloadpacket in _FILLS
 
     def stand_in(x):
         # a CPU tensor of x's dtype, one element per dimension (none where x has none: the
         # call's output is never larger than the real one's)
         if isinstance(x, torch.Tensor):
             found.append(x)
+            if pair and not found[1:]:
+                return torch.empty(min(x.numel(), 2), dtype=x.dtype)
             if whole:
                 if x.numel() > _WHOLE_LIMIT:
                     raise _Skip
@@ -472,14 +517,25 @@ def _asked(func) -> bool:
             and not _pointwise(func)):
         return False
     name = func._schema.name.split("::", 1)[1]
+    if packet in _UNTAGGED:
+        return True
     return not (name in _COPIES or name.endswith("_copy") or "fill" in name)
 
 
 # Copies between dtypes and devices (not ``copysign``, not ``nan_to_num``: their names only
-# contain the words), and fills, which take every dtype; and elementwise ops without the
-# pointwise tag whose CPU kernels refuse dtypes (``bool // bool``).
+# contain the words), and fills named ``*fill*`` that take every dtype; and ops without the
+# pointwise tag whose CPU kernels refuse dtypes (``bool // bool``) or values of another dtype:
+# a fill value the tensor's dtype cannot hold (``fill_(300)`` of uint8, ``fill_(1j)`` of an
+# integer tensor), a source of another dtype (``index_copy``, ``index_add``, ``put_``).
 _COPIES = frozenset({"copy", "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize"})
-_UNTAGGED = frozenset({aten.floor_divide, aten.floor_divide_, aten.polar, aten.complex,
+# fill_ of one element takes its own path, which converts the value without a check for half
+# floats (1e40 fills a one-element float16 tensor with inf, and is refused for two): the
+# tensor's stand-in has as many elements as it, up to two.
+_FILLS = frozenset({aten.fill, aten.fill_})
+_UNTAGGED = frozenset({aten.fill, aten.fill_, aten.index_fill, aten.index_fill_, aten.scatter,
+                       aten.scatter_, aten.put, aten.put_, aten.index_copy, aten.index_copy_,
+                       aten.index_add, aten.index_add_,
+                       aten.floor_divide, aten.floor_divide_, aten.polar, aten.complex,
                        aten.isin, aten.mvlgamma, aten.mvlgamma_, aten.histogram,
                        aten.histogramdd, aten._histogramdd_bin_edges,
                        aten._histogramdd_from_bin_cts, aten._histogramdd_from_bin_tensors})

@@ -2,11 +2,14 @@
 *_like."""
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
 
+from ..lazy import tracer
 from ._helpers import cast, is_float
 from .registry import aten, lowering
 
@@ -21,6 +24,27 @@ def arange(start, end=None, step=1, *, aval, **_):
     acc = jnp.float64 if is_float(aval.dtype) else jnp.int64
     i = lax.iota(acc, n)
     return cast(cast(start, acc) + i * cast(step, acc), aval.dtype)
+
+
+@tracer.meta_arguments(aten.arange.start_out, aten.arange.out)
+def _arange_meta_arguments(func, args, kwargs):
+    """An integer result other than int64 of fractional bounds or step (``arange(0, 1, 0.3,
+    dtype=int8)``): eager counts ``ceil((end - start) / step)`` elements in double (and steps
+    by the step converted to int64, which the rule does); torch's meta kernel converts the step
+    first and refused a step of 0. (For int64 eager converts all three first, as the meta
+    kernel does.) The meta kernel runs on ``arange(0, n, 1)`` of the same out."""
+    b = tracer.bind(func, args, kwargs)
+    out = b.get("out")
+    start, end, step = b.get("start", 0), b.get("end"), b.get("step", 1)
+    numbers = (start, end, step)
+    if (not isinstance(out, torch.Tensor) or out.dtype.is_floating_point or out.dtype.is_complex
+            or out.dtype in (torch.int64, torch.bool) or not all(type(v) in (int, float, bool) for v in numbers)
+            or all(float(v).is_integer() for v in numbers) or float(step) == 0):
+        return args, kwargs
+    n = math.ceil((float(end) - float(start)) / float(step))
+    if n < 0:
+        return args, kwargs           # (eager's bound-sign check, the meta kernel's words)
+    return (0, n, 1), {"out": out}
 
 
 @lowering(aten.range.default, aten.range.step, aten.range.out, aten.range.out_, meta=True)
@@ -130,7 +154,10 @@ def _indices(which):
     def kernel(row, col, offset=0, *, dtype=torch.int64, layout=None, device=None,
                pin_memory=None):
         from ..device import _check_device
+        from .eager_checks import factory_dtype_check
         _check_device(device)
+        factory_dtype_check(lambda: getattr(torch, f"{which}_indices")(1, 1, dtype=dtype),
+                            dtype, f"{which}_indices")
         if row == 0 or col == 0:
             idx = np.zeros((2, 0), np.int64)
         else:
@@ -146,8 +173,13 @@ def _kaiser_window(window_length, periodic=True, beta=12.0, *, dtype=None, layou
     CPU-only kernel stub (an internal assert on any other device); its out= form, on a device
     tensor, reaches the lowering above."""
     from ..device import _check_device
+    from .eager_checks import factory_dtype_check
     _check_device(device)
-    out = torch.empty(0, dtype=dtype or torch.get_default_dtype(), device=device or "hlo")
+    dtype = dtype or torch.get_default_dtype()
+    probe = window_length if window_length < 2 else 2       # (0 and 1 return early in eager)
+    factory_dtype_check(lambda: torch.kaiser_window(probe, periodic, beta, dtype=dtype), dtype,
+                        "kaiser_window")
+    out = torch.empty(0, dtype=dtype, device=device or "hlo")
     return torch.ops.aten.kaiser_window.beta_out(window_length, periodic, beta, out=out)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -27,6 +28,17 @@ def view(x, *shape, aval):
 
 
 def _bitcast(x, aval):
+    # XLA reinterprets no complex type: a complex is its two parts, real then imaginary, as in
+    # memory (view_as_real), on either side
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        parts = jnp.stack([x.real, x.imag], axis=-1)
+        return _bitcast(parts.reshape(x.shape[:-1] + (2 * x.shape[-1],) if x.ndim else (2,)),
+                        aval)
+    if jnp.issubdtype(aval.dtype, jnp.complexfloating):
+        shape = aval.shape[:-1] + (2 * aval.shape[-1],) if aval.shape else (2,)
+        real = jnp.zeros((), aval.dtype).real.dtype
+        parts = _bitcast(x, jax.ShapeDtypeStruct(shape, real)).reshape(shape[:-1] + (-1, 2))
+        return lax.complex(parts[..., 0], parts[..., 1]).reshape(aval.shape)
     src, dst = np.dtype(x.dtype).itemsize, np.dtype(aval.dtype).itemsize
     if x.dtype == jnp.bool_:
         x = x.astype(jnp.uint8)
