@@ -250,7 +250,8 @@ def test_arange_of_an_integer_dtype_with_fractional_bounds_or_step(path, dev, dt
     converted to the integer (int64 converts all three first, and refuses a step that becomes
     0 with a ValueError); torch's meta kernel converted the step first, so ``arange(0, 1, 0.3,
     dtype=int8)`` raised "step must be nonzero" on the device."""
-    for args in [(0, 1, 0.3), (0, 5, 1.5), (0.5, 3, 1), (0, 2.5, 1), (5, 0, -1.5), (0, 1, 0.5)]:
+    for args in [(0, 1, 0.3), (0, 5, 1.5), (0.5, 3, 1), (0, 2.5, 1), (5, 0, -1.5), (0, 1, 0.5),
+                 (2.5,)]:
         try:
             want = torch.arange(*args, dtype=dtype)
         except ValueError as e:
@@ -258,3 +259,4 @@ def test_arange_of_an_integer_dtype_with_fractional_bounds_or_step(path, dev, dt
                 torch.arange(*args, dtype=dtype, device=dev)
             continue
         assert_same(torch.arange(*args, dtype=dtype, device=dev), want)
+        assert_same(torch.arange(*args, out=torch.empty(0, dtype=dtype, device=dev)), want)

@@ -38,13 +38,14 @@ def _arange_meta_arguments(func, args, kwargs):
     start, end, step = b.get("start", 0), b.get("end"), b.get("step", 1)
     numbers = (start, end, step)
     if (not isinstance(out, torch.Tensor) or out.dtype.is_floating_point or out.dtype.is_complex
-            or out.dtype in (torch.int64, torch.bool) or not all(type(v) in (int, float, bool) for v in numbers)
+            or out.dtype in (torch.int64, torch.bool)
+            or not all(type(v) in (int, float, bool) for v in numbers)
             or all(float(v).is_integer() for v in numbers) or float(step) == 0):
         return args, kwargs
     n = math.ceil((float(end) - float(start)) / float(step))
     if n < 0:
         return args, kwargs           # (eager's bound-sign check, the meta kernel's words)
-    return (0, n, 1), {"out": out}
+    return ((n,) if func is aten.arange.out else (0, n, 1)), {"out": out}
 
 
 @lowering(aten.range.default, aten.range.step, aten.range.out, aten.range.out_, meta=True)
