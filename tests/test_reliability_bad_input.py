@@ -762,3 +762,15 @@ def test_nanmedian_over_an_empty_dim_raises_like_cpu(path, dev, shape, dim):
     err = check_like_cpu(fn, (torch.ones(shape),), (torch.ones(shape).to(dev),), ["nanmedian"])
     assert "Expected reduction dim" in str(err)
     assert_same(torch.nanmedian(torch.ones(0, 3).to(dev), 1), torch.nanmedian(torch.ones(0, 3), 1))
+
+
+def test_a_fill_value_is_checked_each_time_it_changes(path, dev):
+    """The fill check runs once per signature, and a fill's float is part of the signature: a
+    value that fits, then one that does not, on the same tensor, still raises eager's error."""
+    x = torch.zeros(4, dtype=torch.uint8, device=dev)
+    x.fill_(2.5)
+    expected = cpu_error(lambda t: t.fill_(300.0), torch.zeros(4, dtype=torch.uint8))
+    with pytest.raises(type(expected), match="without overflow"):
+        x.fill_(300.0)
+        xc.sync()
+    assert torch.equal(x.cpu(), torch.full((4,), 2, dtype=torch.uint8))
