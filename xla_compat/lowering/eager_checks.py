@@ -12,6 +12,7 @@ import warnings
 
 import torch
 
+from .. import write_checks
 from ..lazy import tracer
 
 aten = torch.ops.aten
@@ -352,18 +353,15 @@ _FACTORY_PROBES = {
 @tracer.eager_check_first(*_overloads(*_FACTORY_PROBES))
 def _factory_dtypes(func, b):
     out = b.get("out")
-    if not isinstance(out, torch.Tensor):
-        return
-    try:
-        _FACTORY_PROBES[func.overloadpacket](torch.empty(0, dtype=out.dtype))
-    except (NotImplementedError, RuntimeError) as e:
-        if any(words in str(e) for words in _DTYPE_REFUSALS):
-            _raise_not_implemented(func, [], b, e)
+    if isinstance(out, torch.Tensor):
+        probe = _FACTORY_PROBES[func.overloadpacket]
+        factory_dtype_check(lambda: probe(torch.empty(0, dtype=out.dtype)), out.dtype, func)
 
 
-def factory_dtype_check(probe, dtype, name: str) -> None:
-    """For the factories the device implements as kernels (``tril_indices``): ``probe`` (the
-    smallest CPU call of ``dtype``) raising a dtype refusal raises it, naming ``name``."""
+def factory_dtype_check(probe, dtype, name) -> None:
+    """``probe`` (a factory's smallest CPU call of ``dtype``) raising a dtype refusal raises
+    it, naming ``name``: the out= factories above, and those the device implements as kernels
+    (``tril_indices``, ``kaiser_window``)."""
     try:
         probe()
     except (NotImplementedError, RuntimeError) as e:
@@ -516,9 +514,9 @@ def _asked(func) -> bool:
             and packet not in _NN and packet not in _RANDOM and packet not in _LINALG
             and not _pointwise(func)):
         return False
-    name = func._schema.name.split("::", 1)[1]
     if packet in _UNTAGGED:
         return True
+    name = func._schema.name.split("::", 1)[1]
     return not (name in _COPIES or name.endswith("_copy") or "fill" in name)
 
 
@@ -617,7 +615,7 @@ def _zeros_like_layout(x: torch.Tensor) -> torch.Tensor:
     """CPU zeros of ``x``'s dtype, shape and strides."""
     if x.is_contiguous():
         return torch.zeros(x.shape, dtype=x.dtype)
-    extent = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride())) if x.numel() else 0
+    extent = write_checks.extent(x) - x.storage_offset()
     return torch.zeros(extent, dtype=x.dtype).as_strided(x.shape, x.stride())
 
 
