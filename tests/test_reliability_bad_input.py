@@ -457,9 +457,9 @@ def test_shifts_take_a_bool_operand_as_eager_does(path, dev, fn):
 
 
 def test_asking_the_cpu_kernel_about_dtypes_leaves_the_cpu_generator_alone(path, dev):
-    """The dtype check runs ops on CPU stand-ins, random draws among them: their draws never
-    move the user's CPU generators (the default one's state is restored, a generator argument
-    is replaced by a fresh one)."""
+    """The dtype check runs ops on CPU stand-ins, random draws among them: they draw from a
+    fresh generator of their own (a generator argument is replaced; a ``*_like`` factory takes
+    its generator overload), never from the user's or the default CPU one."""
     torch.manual_seed(3)
     want = torch.rand(4)
     mine = torch.Generator().manual_seed(5)

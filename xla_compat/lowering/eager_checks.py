@@ -484,12 +484,13 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
         return
     if not found or any(t.layout != torch.strided for t in found):
         return
-    seeded = torch.Tag.nondeterministic_seeded in func.tags
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        own = _with_own_generator(func, cpu_args, cpu_kwargs)
+        if own is None:
+            return
+        func, cpu_args, cpu_kwargs = own
     try:
-        # a draw from the default CPU generator is undone (the caller's sequence of random
-        # numbers on the CPU stays as it was)
-        with torch.no_grad(), warnings.catch_warnings(), \
-                torch.random.fork_rng(devices=[], enabled=seeded):
+        with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             func(*cpu_args, **cpu_kwargs)
     except (NotImplementedError, RuntimeError, ValueError) as e:
@@ -501,6 +502,21 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
 
 class _Skip(Exception):
     pass
+
+
+def _with_own_generator(func, args, kwargs):
+    """(op, args, kwargs) of a random draw that takes a fresh generator instead of the default
+    CPU one (whose state belongs to the caller, and to any thread drawing from it meanwhile):
+    the ``*_like`` factories' overloads without a generator become their ``generator`` twins.
+    None for a draw with neither (their out= forms): not asked."""
+    func = _GENERATOR_TWINS.get(func, func)
+    names = [a.name for a in func._schema.arguments]
+    if "generator" not in names:
+        return None
+    i = names.index("generator")
+    if i < len(args):
+        return func, (*args[:i], torch.Generator(), *args[i + 1:]), kwargs
+    return func, args, {**kwargs, "generator": torch.Generator()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -578,9 +594,9 @@ _NN = frozenset({
     aten.reflection_pad3d, aten.replication_pad1d, aten.replication_pad2d,
     aten.replication_pad3d})
 # Random draws whose CPU kernels refuse dtypes (``poisson``, ``bernoulli`` and ``normal`` of
-# integers, ``multinomial`` of integers, ``rand_like`` of integers, ``rrelu`` of integers,
-# ``dropout`` of complex values), asked with a generator of their own: a generator argument
-# becomes a fresh one, and a draw from the default CPU generator is undone (fork_rng).
+# integers, ``multinomial`` of integers, ``rand_like`` of integers, ``rrelu`` of integers),
+# asked with a generator of their own (``_with_own_generator``): never the caller's, never the
+# default CPU one.
 _RANDOM = frozenset({
     aten.bernoulli, aten.bernoulli_, aten.normal, aten.normal_, aten.uniform_,
     aten.exponential_, aten.geometric_, aten.cauchy_, aten.log_normal_, aten.random_,
@@ -588,8 +604,14 @@ _RANDOM = frozenset({
     aten.normal_functional, aten.uniform, aten.exponential, aten.geometric, aten.cauchy,
     aten.log_normal, aten.random,
     aten.multinomial, aten.poisson, aten._standard_gamma, aten.binomial, aten.rand_like,
-    aten.randn_like, aten.randint_like, aten.native_dropout, aten.rrelu_with_noise,
-    aten.rrelu_with_noise_, aten.rrelu_with_noise_functional})
+    aten.randn_like, aten.randint_like, aten.rrelu_with_noise, aten.rrelu_with_noise_,
+    aten.rrelu_with_noise_functional})
+_GENERATOR_TWINS = {
+    aten.rand_like.default: aten.rand_like.generator,
+    aten.randn_like.default: aten.randn_like.generator,
+    aten.randint_like.default: aten.randint_like.generator,
+    aten.randint_like.Tensor: aten.randint_like.Tensor_generator,
+    aten.randint_like.low_dtype: aten.randint_like.low_generator_dtype}
 # Linear algebra and FFTs, whose LAPACK and pocketfft/MKL kernels take float and complex dtypes
 # only (half precision neither): the device failed in jax's words while lowering or compiling
 # (``lu``, ``eigh``, ``svd`` of integers or float16), or computed (``solve_triangular`` in
