@@ -8,6 +8,7 @@ and become constants of the graph. Backward ops are the vjp of the forward gathe
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -223,27 +224,11 @@ def _stored_taps(taps, n_in, n_out, align_corners, scale, low):
 # stored as uint8 before the next pass. A float computation rounded at the end is off by up to
 # a few units.
 
-def _linear_filter(x):
-    x = abs(x)
-    return 1.0 - x if x < 1.0 else 0.0
-
-
-def _cubic_filter(a):
-    def f(x):
-        x = abs(x)
-        if x < 1.0:
-            return ((a + 2) * x - (a + 3)) * x * x + 1
-        if x < 2.0:
-            return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-        return 0.0
-    return f
-
-
 def _double_scale(n_in, n_out, align_corners, scale):
     """area_pixel_compute_scale<double>."""
     if align_corners:
         return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
-    return 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+    return _scale(n_in, n_out, scale, float)
 
 
 def _uint8_weights(n_in, n_out, align_corners, scale, interp_size, filt, antialias):
@@ -356,15 +341,15 @@ def _interp_rules(op, op_bw, taps, uint8=None):
 
 _interp_rules(aten.upsample_linear1d.default, aten.upsample_linear1d_backward.default, _linear_taps)
 _interp_rules(aten.upsample_bilinear2d.default, aten.upsample_bilinear2d_backward.default,
-              _linear_taps, uint8=(2, _linear_filter, False))
+              _linear_taps, uint8=(2, partial(_triangle, t=float), False))
 _interp_rules(aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backward.default,
               _linear_taps)
 _interp_rules(aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default,
-              _cubic_taps, uint8=(4, _cubic_filter(-0.75), False))
+              _cubic_taps, uint8=(4, partial(_keys_cubic, t=float, a=-0.75), False))
 _interp_rules(aten._upsample_bilinear2d_aa.default, aten._upsample_bilinear2d_aa_backward.default,
-              _aa_taps(2, _triangle), uint8=(2, _linear_filter, True))
+              _aa_taps(2, _triangle), uint8=(2, partial(_triangle, t=float), True))
 _interp_rules(aten._upsample_bicubic2d_aa.default, aten._upsample_bicubic2d_aa_backward.default,
-              _aa_taps(4, _keys_cubic), uint8=(4, _cubic_filter(-0.5), True))
+              _aa_taps(4, _keys_cubic), uint8=(4, partial(_keys_cubic, t=float), True))
 
 
 # -- padding ----------------------------------------------------------------------------------------
