@@ -87,6 +87,11 @@ def test_binary_op_is_bitwise_eager(path, dev, name, dtype):
 ULP_OPS = {
     "erf": torch.erf, "erfc": torch.erfc, "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    # a composite eager runs in the tensor's dtype, each step (and its constant) rounded; its
+    # lgamma is XLA's, within an ulp of float32 of std::lgamma (computed in float32 it was 2-4
+    # ulps of the dtype off on 8-12% of the elements)
+    "mvlgamma": lambda x: torch.mvlgamma(x.abs() + 0.5, 2),
+    "multigammaln": lambda x: torch.special.multigammaln(x.abs() + 1.5, 4),
 }
 
 
@@ -98,7 +103,7 @@ def test_transcendental_op_is_within_one_ulp_of_eager(path, dev, name, dtype):
     got, exp = fn(x.to(dev)).cpu(), fn(x)
     eps = torch.finfo(dtype).eps
     assert_same(got, exp, rtol=eps, atol=1e-5, msg=name)
-    if name.startswith("erf"):      # GELU's rounding hits follow eager's polynomial erf/tanh
+    if not name.startswith("gelu"):      # GELU's rounding hits follow eager's polynomial erf/tanh
         assert (got != exp).float().mean() < 0.01, f"{name}: more than 1% of elements differ"
 
 

@@ -210,6 +210,8 @@ _BOOL_ROWS = torch.tensor([[True, False, True], [False, False, True], [True, Tru
     (lambda x: x.scatter_reduce(1, x.long(), x, "mean"), _BOOL_ROWS),
     (lambda x: torch.searchsorted(x[0], x[1]), _BOOL_ROWS),
     (lambda x: x.int().histc(4), _BOOL_ROWS),
+    # (zeros of uint8 would stop at the widened bounds' overflow before the dtype refusal)
+    (lambda x: x.byte().histc(4), _BOOL_ROWS),
     (lambda x: x[0].bincount(), _BOOL_ROWS),
 ], ids=["sign complex", "floor complex", "ceil complex", "trunc complex", "relu bool",
         "relu_ bool", "abs_ bool", "sign_ complex", "floor_ complex", "abs_ complex",
@@ -218,7 +220,7 @@ _BOOL_ROWS = torch.tensor([[True, False, True], [False, False, True], [True, Tru
         "var int", "std int", "median bool", "kthvalue bool", "topk bool", "trace bool",
         "logcumsumexp int", "amax complex", "max dim complex", "sort complex", "topk complex",
         "nansum complex", "cummax complex", "mode complex", "scatter amax complex",
-        "scatter mean bool", "searchsorted bool", "histc int", "bincount bool"])
+        "scatter mean bool", "searchsorted bool", "histc int", "histc uint8", "bincount bool"])
 def test_dtypes_eagers_kernel_refuses_are_refused_in_its_words(path, dev, fn, arg):
     """Eager's CPU kernels refuse these dtypes in their own words (sign of a complex: use sgn;
     rounding a complex; relu of a bool; in-place abs of a bool, whose in-place overload lacks the

@@ -461,6 +461,7 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
     found: list = []
     whole = func.overloadpacket in _WHOLE_STAND_INS
     pair = func.overloadpacket in _FILLS
+    make = torch.ones if func.overloadpacket in _ONES_STAND_INS else torch.zeros
 
     def stand_in(x):
         # a CPU tensor of x's dtype, one element per dimension (none where x has none: the
@@ -473,7 +474,7 @@ def cpu_kernel_dtypes(func, args, kwargs) -> None:
                 if x.numel() > _WHOLE_LIMIT:
                     raise _Skip
                 return _zeros_like_layout(x)
-            return torch.zeros([min(n, 1) for n in x.shape], dtype=x.dtype)
+            return make([min(n, 1) for n in x.shape], dtype=x.dtype)
         if isinstance(x, torch.Generator):
             return torch.Generator()       # never the caller's: its state stays as it was
         return x
@@ -628,6 +629,10 @@ _LINALG = frozenset({
     aten.linalg_ldl_factor_ex, aten.linalg_ldl_solve, aten._fft_r2c, aten._fft_c2c,
     aten._fft_c2r})
 _WHOLE_STAND_INS = frozenset({aten.topk, aten.kthvalue}) | _NN | _LINALG
+# Ops asked with stand-ins holding ones: histc of equal bounds widens them to the data's
+# (min - 1, max + 1), which zeros of uint8 cannot hold (eager raises an overflow there before
+# its dtype refusal).
+_ONES_STAND_INS = frozenset({aten.histc})
 # The most elements a stand-in of the real shape may have: the call runs once per signature
 # (a meta-cache miss), a few milliseconds at this size; a larger call is not asked.
 _WHOLE_LIMIT = 1 << 18

@@ -47,7 +47,7 @@ _POINTWISE_NAMES = frozenset({
     "log_sigmoid_forward", "softplus_backward", "softshrink_backward", "glu", "glu_backward",
     "rsub", "arctan2", "floor_divide", "_prelu_kernel", "_prelu_kernel_backward",
     "special_digamma", "special_psi", "special_ndtr", "special_polygamma", "special_gammainc",
-    "special_gammaincc", "special_multigammaln",
+    "special_gammaincc",
 })
 
 # Kernels that accumulate in float32 and store each output once.
@@ -84,6 +84,8 @@ _WIDEN_NAMES = frozenset({
 # whose result depends on the dtype's range or spacing.
 _OWN_ROUNDING = frozenset({
     "addr", "linalg_cross", "nan_to_num", "nextafter", "frexp", "ldexp", "xlogy",
+    # mvlgamma's composite: each of its steps stored in the half dtype (special.mvlgamma)
+    "mvlgamma", "special_multigammaln",
     "_adaptive_avg_pool3d", "_trilinear",
     # log_softmax over the last dim: the row's sum and its log stored in the half dtype
     "_log_softmax", "log_softmax",

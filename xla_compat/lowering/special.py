@@ -15,6 +15,7 @@ from jax import lax
 from ..lazy import tracer
 from . import _special_tables as tab
 from ._helpers import cast, to
+from .opmath import round_to
 from .registry import aten, lowering
 
 
@@ -437,10 +438,16 @@ _float_unary(aten.digamma, aten.special_digamma, aten.special_psi)(_digamma)
 
 @lowering(aten.mvlgamma.default, aten.special_multigammaln.default, meta=True)
 def mvlgamma(x, p, *, aval):
-    x = cast(x, _opmath(aval.dtype))
-    j = jnp.arange(p, dtype=x.dtype) / 2
-    const = p * (p - 1) / 4 * math.log(math.pi)
-    return cast(jnp.sum(lax.lgamma(x[..., None] - j), axis=-1) + _c(const, x), aval.dtype)
+    # Eager's composite in the result's dtype: x + (arange(p) - (p - 1)) / 2, lgamma_, sum(-1),
+    # then add_ of the constant (a Scalar, converted to that dtype); in float16/bfloat16 each
+    # of those steps rounds (opmath's _OWN_ROUNDING: this rule sees the node's own dtype).
+    dtype, op = aval.dtype, _opmath(aval.dtype)
+    step = (lambda v: round_to(v, dtype)) if dtype != op else (lambda v: v)
+    j = jnp.arange(p, dtype=op) / 2
+    terms = cast(step(lax.lgamma(cast(step(cast(x, op)[..., None] - j), op))), op)
+    total = cast(step(jnp.sum(terms, axis=-1)), op)
+    const = cast(step(_c(p * (p - 1) / 4 * math.log(math.pi), total)), op)
+    return cast(total + const, dtype)
 
 
 def _igamma_edges(a, x, value, upper):
