@@ -315,3 +315,63 @@ def test_complex_add_and_sub_make_eagers_nans_at_non_finite_parts(path, dev, nam
     f = torch.tensor([_NAN, 0.0, 1.0, 2.0, _INF, -1.0])
     got = fn(a.to(dev), b.to(dev), f.to(dev))
     _same_bits(got, fn(a, b, f), signs=False)
+
+
+# -- writes whose operands promote past the written tensor's dtype --------------------------------
+
+_INT_WRITES = {
+    "floor_divide_": lambda a, b: a.floor_divide_(b),
+    "remainder_": lambda a, b: a.remainder_(b),
+    "fmod_": lambda a, b: a.fmod_(b),
+    "div trunc out=": lambda a, b: torch.div(a, b, rounding_mode="trunc", out=a),
+    "add_": lambda a, b: a.add_(b),
+}
+
+
+@pytest.mark.parametrize("dtypes", [(torch.uint8, torch.int8), (torch.int8, torch.uint8),
+                                    (torch.uint8, torch.int64)], ids=str)
+@pytest.mark.parametrize("name", list(_INT_WRITES))
+def test_an_integer_write_computes_in_the_operands_common_dtype(path, dev, name, dtypes):
+    # uint8.floor_divide_(int8) divides in int16 and stores the quotient's low byte (200 // -3
+    # is -67, stored as 189); legacy divided in uint8 (-3 read as 253: 0)
+    written, other = dtypes
+    a = torch.tensor([200, 7, 13, 255, 0, 100, 1, 99], dtype=torch.int64).to(written)
+    b = torch.tensor([-3, 2, -5, 7, -1, 3, -128, 9], dtype=torch.int64).to(other)
+    fn = _INT_WRITES[name]
+    want = fn(a.clone(), b)
+    got = a.to(dev)
+    for _ in range(2):                    # the traced call, then its plan
+        got = a.to(dev)
+        fn(got, b.to(dev))
+    _same_bits(got, want)
+
+
+_HALF_WRITES = {
+    "sub_": lambda a, b: a.sub_(b),
+    "add_ alpha": lambda a, b: a.add_(b, alpha=0.3),
+    "pow_": lambda a, b: a.abs_().pow_(b),
+    "atan2_": lambda a, b: a.atan2_(b),
+    "fmod_": lambda a, b: a.fmod_(b),
+    "hypot_": lambda a, b: a.hypot_(b),
+    "sub out=": lambda a, b: torch.sub(a, b, out=a),
+    "add_ 0-dim": lambda a, b: a.add_(b[3]),
+}
+
+
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32),
+                                    (torch.float16, torch.float64),
+                                    (torch.bfloat16, torch.float16)], ids=str)
+@pytest.mark.parametrize("name", list(_HALF_WRITES))
+def test_a_half_write_with_a_wider_operand_computes_in_it_and_rounds_once(path, dev, name,
+                                                                          dtypes):
+    # TensorIterator computes bfloat16.sub_(float32) in float32 and rounds on storing; legacy
+    # rounded the float32 operand to bfloat16 first (285 of 1000 results off); a 0-dim float16
+    # added into bfloat16 is rounded to bfloat16 (both paths widened it unrounded)
+    written, other = dtypes
+    g = torch.Generator().manual_seed(5)
+    a = (torch.randn(512, generator=g) * 3).to(written)
+    b = (torch.randn(512, generator=g) * 3).to(other)
+    fn = _HALF_WRITES[name]
+    got = a.to(dev)
+    fn(got, b.to(dev))
+    _same_bits(got, fn(a.clone(), b))

@@ -173,6 +173,7 @@ def test_refused_operands_raise_eagers_words(path, dev, fn, args):
 
 _COMPLEX = torch.tensor([1 + 2j, -0.5j, 3.0])
 _BOOL_ROWS = torch.tensor([[True, False, True], [False, False, True], [True, True, False]])
+_FLOAT_ROWS = torch.tensor([[1.0, -2.0, 0.0], [3.0, 0.5, -1.0]])
 
 
 @pytest.mark.parametrize("fn,arg", [
@@ -213,6 +214,13 @@ _BOOL_ROWS = torch.tensor([[True, False, True], [False, False, True], [True, Tru
     # (zeros of uint8 would stop at the widened bounds' overflow before the dtype refusal)
     (lambda x: x.byte().histc(4), _BOOL_ROWS),
     (lambda x: x[0].bincount(), _BOOL_ROWS),
+    # operands of two dtypes where the kernel takes one
+    (lambda x: torch.heaviside(x, x.long()), _FLOAT_ROWS),
+    (lambda x: torch.linalg.cross(x, x.half()), _FLOAT_ROWS),
+    (lambda x: torch.linalg.cross(x.int(), x), _FLOAT_ROWS),
+    (lambda x: torch.complex(x.half(), x), _FLOAT_ROWS),
+    (lambda x: torch.polar(x.abs().half(), x), _FLOAT_ROWS),
+    (lambda x: torch.dist(x.bool(), x), _FLOAT_ROWS),
 ], ids=["sign complex", "floor complex", "ceil complex", "trunc complex", "relu bool",
         "relu_ bool", "abs_ bool", "sign_ complex", "floor_ complex", "abs_ complex",
         "frac_ bool", "copysign complex number", "copysign complex", "bool // bool",
@@ -220,13 +228,15 @@ _BOOL_ROWS = torch.tensor([[True, False, True], [False, False, True], [True, Tru
         "var int", "std int", "median bool", "kthvalue bool", "topk bool", "trace bool",
         "logcumsumexp int", "amax complex", "max dim complex", "sort complex", "topk complex",
         "nansum complex", "cummax complex", "mode complex", "scatter amax complex",
-        "scatter mean bool", "searchsorted bool", "histc int", "histc uint8", "bincount bool"])
+        "scatter mean bool", "searchsorted bool", "histc int", "histc uint8", "bincount bool",
+        "heaviside float long", "cross float half", "cross int float",
+        "complex half float", "polar half float", "dist bool float"])
 def test_dtypes_eagers_kernel_refuses_are_refused_in_its_words(path, dev, fn, arg):
     """Eager's CPU kernels refuse these dtypes in their own words (sign of a complex: use sgn;
     rounding a complex; relu of a bool; in-place abs of a bool, whose in-place overload lacks the
     pointwise tag its functional form has; copysign of a complex, whose name holds "copy";
     floor division of bools, untagged; reductions, scans and sorts of bools, integers or complex
-    values); the device computed them (sign, relu, abs_, argmax, var, topk...), failed in jax's
+    values; heaviside, cross, complex, polar and dist of two dtypes); the device computed them (sign, relu, abs_, argmax, var, topk...), failed in jax's
     words (floor and copysign of a complex, max and argmax of a complex while compiling) or in a
     decomposition's (frac_ and floor_divide_ of a bool on the functional path: the in-place
     meta references)."""

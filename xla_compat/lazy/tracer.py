@@ -1056,19 +1056,24 @@ def functional_results(cls, func, args, kwargs):
         f_args, f_kwargs = _drop_out_args(func, args, kwargs, names)
     else:
         f_args, f_kwargs = args, kwargs
+    computed = None
     if functional is not None:
-        check_result_cast(func, functional, _drop_out_args(func, args, kwargs, names),
-                          mutated_tensors)
+        computed = check_result_cast(func, functional,
+                                     _drop_out_args(func, args, kwargs, names), mutated_tensors)
     # The meta kernel resized out= twins where eager would resize the real tensors.
     position = {id(t): i for i, t in enumerate(_flat_tensors((args, list(kwargs.values()))))}
-    out_metas = fresh_metas + [after[position[id(m)]] for m in mutated_tensors]
+    written = [after[position[id(m)]] for m in mutated_tensors]
+    if computed is not None and _pointwise(functional):
+        written = [_computed_in(w, dtype) for w, dtype in zip(written, computed)]
+    out_metas = fresh_metas + written
     node = make_node(target, rule, f_args, f_kwargs, out_metas)
     pairs = [(m, Value(node, fresh + i)) for i, m in enumerate(mutated_tensors)]
     return meta_out, node, pairs, fresh
 
 
-def check_result_cast(func, functional, f_call, mutated) -> None:
-    """Raise eager's error when a write's result dtype cannot be cast into the written tensor.
+def check_result_cast(func, functional, f_call, mutated) -> list | None:
+    """Raise eager's error when a write's result dtype cannot be cast into the written tensor;
+    else the functional variant's result dtypes (None where they are not known).
 
     Meta kernels of in-place ops skip this check (``int_tensor.mul_(0.5)`` passes on meta), so
     without it the device would silently truncate where eager raises."""
@@ -1078,15 +1083,37 @@ def check_result_cast(func, functional, f_call, mutated) -> None:
         # the dispatcher drops arguments equal to the in-place op's defaults, which the
         # functional variant may not have (bernoulli_(p=0.5) -> bernoulli.p needs p); the
         # in-place op's own meta kernel already ran, so no eager error is lost here
-        return
+        return None
     results = _flat_tensors(out)
     if len(results) != len(mutated):
-        return
+        return None
     for r, m in zip(results, mutated):
         if r.dtype != m.dtype and not torch.can_cast(r.dtype, m.dtype):
             raise RuntimeError(
                 f"result type {type_name(r.dtype)} can't be cast to the desired output type "
                 f"{type_name(m.dtype)}" + raised_by(func, f_call))
+    return [r.dtype for r in results]
+
+
+@functools.lru_cache(maxsize=None)
+def _pointwise(func) -> bool:
+    """Pointwise by eager's kernels: tagged so, or listed by opmath (floor_divide...)."""
+    from ..lowering.opmath import POINTWISE_NAMES
+    return torch.Tag.pointwise in func.tags or func._schema.name.split("::")[1] in POINTWISE_NAMES
+
+
+def _computed_in(written, dtype):
+    """The meta of a pointwise write's result as its node computes it: an integer or bool
+    tensor written with operands of a wider common dtype (``uint8.floor_divide_(int8)``
+    divides in int16) gets that dtype, and ``rebind`` converts it on writing, as
+    TensorIterator casts on storing. A float tensor keeps its own: a half one's rounding is
+    opmath's (a bare float convert pair may be dropped by XLA), and float32 from float64
+    moves nothing eager's tests have seen."""
+    if written.dtype == dtype or written.dtype.is_floating_point or written.dtype.is_complex:
+        return written
+    if isinstance(written, TMeta):
+        return written._replace(dtype=dtype)
+    return TMeta(tuple(written.shape), dtype, tuple(written.stride()), written.storage_offset())
 
 
 # Meta kernels' own words for a result dtype a write cannot take (torch._prims_common.wrappers,

@@ -446,7 +446,10 @@ _DTYPE_REFUSALS = (" not implemented for '", " not implemented for complex tenso
                    "value cannot be converted to type ",
                    "Converting complex Scalar to non-complex type is not supported",
                    " expected to have the same dtype, but got ",
-                   " must have the same scalar type")
+                   " must have the same scalar type",
+                   "is not yet implemented for tensors with different dtypes",
+                   "expected scalar type ", "Expected object of scalar type ",
+                   "Subtraction, the `-` operator, with a bool tensor is not supported")
 _MATRIX_PRODUCTS = frozenset(p for p in (aten.mm, aten.bmm, aten.addmm, aten.addmm_, aten.mv,
                                          aten.addmv, aten.addmv_, aten.dot, aten.vdot,
                                          aten.addbmm, aten.addbmm_, aten.baddbmm,
@@ -567,7 +570,7 @@ _REDUCTIONS = frozenset({aten.argmax, aten.argmin, aten.var, aten.std, aten.var_
                          aten.max, aten.min, aten.aminmax, aten.mode, aten.sort, aten.argsort,
                          aten.cummax, aten.cummin, aten.nansum, aten.scatter_reduce,
                          aten.scatter_reduce_, aten.searchsorted, aten.bucketize, aten.histc,
-                         aten.bincount})
+                         aten.bincount, aten.dist})
 # The nn ops whose CPU kernels refuse dtypes the device would compute or fail on in jax's
 # words: softmax and the normalisations of integers, pooling of bools and complex values,
 # losses of integers, upsampling and im2col of integers, pdist/cdist in half precision. Their

@@ -41,7 +41,7 @@ POINTWISE, WIDEN = "pointwise", "widen"
 _FORMAT = {np.dtype(jnp.bfloat16): (7, -126), np.dtype(jnp.float16): (10, -14)}
 
 # Pointwise by eager's kernels though not tagged so in torch 2.13.
-_POINTWISE_NAMES = frozenset({
+POINTWISE_NAMES = frozenset({
     "elu_backward", "hardshrink_backward", "hardsigmoid_backward", "hardswish",
     "hardswish_backward", "hardtanh_backward", "leaky_relu_backward", "log_sigmoid_backward",
     "log_sigmoid_forward", "softplus_backward", "softshrink_backward", "glu", "glu_backward",
@@ -132,7 +132,7 @@ def policy(op_name: str, random: bool):
         return None
     if name in _WIDEN_NAMES:
         return WIDEN
-    if name in _POINTWISE_NAMES:
+    if name in POINTWISE_NAMES:
         return POINTWISE
     from ..lazy.tracer import overload_named
     ov = overload_named(op_name)
@@ -187,17 +187,35 @@ def _widen(x, low, foreign: bool):
     dt = getattr(x, "dtype", None)
     if dt is None or not hasattr(x, "shape"):
         return x
-    if dt in LOW:
+    if dt in LOW and not (foreign and dt != low):
         return lax.convert_element_type(x, F32)
-    if foreign and jnp.issubdtype(dt, jnp.floating):
+    if foreign and jnp.issubdtype(dt, jnp.floating):     # (a 0-dim float16 into bfloat16 too)
         return lax.convert_element_type(lax.convert_element_type(x, low), F32)
     return x
 
 
-def _wide_aval(aval):
+def _wide_aval(aval, wide=F32):
     if isinstance(aval, tuple):
-        return tuple(_wide_aval(a) for a in aval)
-    return jax.ShapeDtypeStruct(aval.shape, F32) if aval.dtype in LOW else aval
+        return tuple(_wide_aval(a, wide) for a in aval)
+    return jax.ShapeDtypeStruct(aval.shape, wide) if aval.dtype in LOW else aval
+
+
+def _common_wider(args, kwargs, pos, kw, low):
+    """The float dtype a pointwise op's operands take it to past ``low`` (its result's), or
+    None: a Tensor operand with dimensions of float32/float64 (or the other half format) takes
+    part in TensorIterator's common dtype, as 0-dim tensors and wrapped numbers do not. Only an
+    in-place or out= op meets this: a functional one's result is that common dtype."""
+    wide = None
+    operands = [a for i, a in enumerate(args) if i in pos]
+    operands += [v for k, v in kwargs.items() if k in kw]
+    for x in operands:
+        for t in (x if isinstance(x, (list, tuple)) else (x,)):
+            dt = getattr(t, "dtype", None)
+            if (dt is None or not getattr(t, "shape", ()) or dt == low
+                    or not jnp.issubdtype(dt, jnp.floating)):
+                continue
+            wide = jnp.promote_types(wide or F32, F32 if dt in LOW else dt)
+    return wide
 
 
 def round_to(x, dtype):
@@ -260,6 +278,14 @@ def call(rule, node, args: list, kwargs: dict):
         return rule.fn(*args, **kwargs)
     if how == POINTWISE:
         pos, kw = _tensor_slots(node.op)
+        wide = _common_wider(args, kwargs, pos, kw, low)
+        if wide is not None:
+            # an in-place or out= op into a half tensor whose operands hold another float
+            # dtype: TensorIterator computes in their common dtype and rounds once, on storing
+            args = [_widen(a, low, False) for a in args]
+            kwargs = {k: (_wide_aval(v, wide) if k == "aval" else _widen(v, low, False))
+                      for k, v in kwargs.items()}
+            return _narrow(rule.fn(*args, **kwargs), node.avals)
         if node.op.split(".")[1] in _ORIGINAL_SCALAR:
             pos, kw = frozenset(), frozenset()
         rpos, rkw = _rounded_slots(node.op)
