@@ -346,7 +346,7 @@ def test_an_integer_write_computes_in_the_operands_common_dtype(path, dev, name,
     _same_bits(got, want)
 
 
-_HALF_WRITES = {
+_FLOAT_WRITES = {
     "sub_": lambda a, b: a.sub_(b),
     "add_ alpha": lambda a, b: a.add_(b, alpha=0.3),
     "pow_": lambda a, b: a.abs_().pow_(b),
@@ -360,18 +360,20 @@ _HALF_WRITES = {
 
 @pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32),
                                     (torch.float16, torch.float64),
-                                    (torch.bfloat16, torch.float16)], ids=str)
-@pytest.mark.parametrize("name", list(_HALF_WRITES))
-def test_a_half_write_with_a_wider_operand_computes_in_it_and_rounds_once(path, dev, name,
-                                                                          dtypes):
+                                    (torch.bfloat16, torch.float16),
+                                    (torch.float32, torch.float64)], ids=str)
+@pytest.mark.parametrize("name", list(_FLOAT_WRITES))
+def test_a_float_write_with_a_wider_operand_computes_in_it_and_rounds_once(path, dev, name,
+                                                                           dtypes):
     # TensorIterator computes bfloat16.sub_(float32) in float32 and rounds on storing; legacy
-    # rounded the float32 operand to bfloat16 first (285 of 1000 results off); a 0-dim float16
+    # rounded the float32 operand to bfloat16 first (285 of 1000 results off), and computed
+    # float32.sub_(float64) in float32 (a quarter of the results an ulp off); a 0-dim float16
     # added into bfloat16 is rounded to bfloat16 (both paths widened it unrounded)
     written, other = dtypes
     g = torch.Generator().manual_seed(5)
     a = (torch.randn(512, generator=g) * 3).to(written)
     b = (torch.randn(512, generator=g) * 3).to(other)
-    fn = _HALF_WRITES[name]
+    fn = _FLOAT_WRITES[name]
     got = a.to(dev)
     fn(got, b.to(dev))
     _same_bits(got, fn(a.clone(), b))

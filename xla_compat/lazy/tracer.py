@@ -1103,13 +1103,13 @@ def _pointwise(func) -> bool:
 
 
 def _computed_in(written, dtype):
-    """The meta of a pointwise write's result as its node computes it: an integer or bool
-    tensor written with operands of a wider common dtype (``uint8.floor_divide_(int8)``
-    divides in int16) gets that dtype, and ``rebind`` converts it on writing, as
-    TensorIterator casts on storing. A float tensor keeps its own: a half one's rounding is
-    opmath's (a bare float convert pair may be dropped by XLA), and float32 from float64
-    moves nothing eager's tests have seen."""
-    if written.dtype == dtype or written.dtype.is_floating_point or written.dtype.is_complex:
+    """The meta of a pointwise write's result as its node computes it: a tensor written with
+    operands of a wider common dtype (``uint8.floor_divide_(int8)`` divides in int16,
+    ``float32.sub_(float64)`` subtracts in float64) gets that dtype, and ``rebind`` converts
+    it on writing, as TensorIterator casts on storing. A float16/bfloat16 tensor keeps its
+    own: opmath computes its node wide and rounds once (``_common_wider``), with a rounding
+    XLA cannot drop as it may drop a bare convert pair between fused ops."""
+    if written.dtype == dtype or written.dtype in (torch.float16, torch.bfloat16):
         return written
     if isinstance(written, TMeta):
         return written._replace(dtype=dtype)
