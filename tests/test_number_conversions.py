@@ -377,3 +377,23 @@ def test_a_float_write_with_a_wider_operand_computes_in_it_and_rounds_once(path,
     got = a.to(dev)
     fn(got, b.to(dev))
     _same_bits(got, fn(a.clone(), b))
+
+
+_TENSOR_VALUE_FILLS = {
+    "masked_fill": lambda x, v: x.masked_fill(x == 0, v),
+    "masked_fill_": lambda x, v: x.masked_fill_(x == 0, v),
+    "index_fill_": lambda x, v: x.index_fill_(0, torch.tensor([0, 2], device=x.device), v),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.float16], ids=str)
+@pytest.mark.parametrize("name", list(_TENSOR_VALUE_FILLS))
+def test_a_cpu_tensor_fill_value_is_range_checked_at_every_call(path, dev, name, dtype):
+    # eager reads a 0-dim value tensor and refuses one its dtype cannot hold; the device's
+    # checks ran once per signature, so 300.0 after 5.0 filled uint8 with 255
+    fn = _TENSOR_VALUE_FILLS[name]
+    x = torch.tensor([0, 1, 0, 3], dtype=dtype)
+    for value in (5.0, 300.0, 7.0, -3.0, 1e6, 2.0):
+        v = torch.tensor(value)
+        want = _outcome(lambda: fn(x.clone(), v))
+        _assert_like_eager(_outcome(lambda: fn(x.to(dev), v)), want)

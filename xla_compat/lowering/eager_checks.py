@@ -551,6 +551,7 @@ _COPIES = frozenset({"copy", "copy_", "_to_copy", "_copy_from", "_copy_from_and_
 # tensor's stand-in has as many elements as it, up to two.
 _FILLS = frozenset({aten.fill, aten.fill_})
 _UNTAGGED = frozenset({aten.fill, aten.fill_, aten.index_fill, aten.index_fill_, aten.scatter,
+                       aten.masked_fill, aten.masked_fill_,
                        aten.scatter_, aten.put, aten.put_, aten.index_copy, aten.index_copy_,
                        aten.index_add, aten.index_add_,
                        aten.floor_divide, aten.floor_divide_, aten.polar, aten.complex,

@@ -205,6 +205,7 @@ def _checked(cls, func, args, kwargs):
     for index, size, negative_ok, *ignore in _CHECKS[func](bound):
         if isinstance(index, torch.Tensor) and not _in_range(index, size, negative_ok, *ignore):
             raise_like_cpu(func, args, kwargs)
+    _check_fill_value(func, args, kwargs, bound)           # index_fill of a tensor value
     return trace_rule(cls, func, args, kwargs)
 
 
@@ -219,11 +220,15 @@ def _known_count(mask, shape) -> int | None:
 
 
 @tracer.special(aten.masked_fill.Tensor, aten.masked_fill_.Tensor, aten.masked_fill.Tensor_out)
-def _masked_fill_complex_value(cls, func, args, kwargs):
-    """A complex 0-dim tensor filling a real, non-bool tensor: eager reads its value (``item()``)
-    and refuses one with an imaginary part; so does this, reading it on the host (a pending one
-    runs its graph, as eager's read does). Any other value is not looked at."""
-    x, value = complex_fill(tracer.bind(func, args, kwargs)) or (None, None)
+def _fill_with_a_tensor_value(cls, func, args, kwargs):
+    """A 0-dim tensor as the fill value: eager reads it (``item()``) and converts it to the
+    filled tensor's dtype with a range check. A CPU value is checked here at every call, as
+    eager checks it (300 into uint8 raises); a device value is not read for it (a sync per
+    fill), except a complex one filling a real, non-bool tensor, which eager refuses with an
+    imaginary part: that one is read, pending or not (running its graph, as eager's read does)."""
+    b = tracer.bind(func, args, kwargs)
+    _check_fill_value(func, args, kwargs, b)
+    x, value = complex_fill(b) or (None, None)
     if isinstance(value, torch.Tensor) and value.dim() == 0 and x.dtype != torch.bool:
         v = _known_values(value)
         if v is None:
@@ -231,6 +236,21 @@ def _masked_fill_complex_value(cls, func, args, kwargs):
         if complex(v).imag != 0:
             raise_like_cpu(func, args, kwargs)
     return trace_rule(cls, func, args, kwargs)
+
+
+def _check_fill_value(func, args, kwargs, bound) -> None:
+    """Eager's conversion of a CPU 0-dim fill value (``bound["value"]``) to the filled tensor's
+    dtype, tried on a one-element tensor (index_fill and masked_fill of a tensor value; the
+    value of a device tensor is not read)."""
+    value = bound.get("value")
+    if not isinstance(value, torch.Tensor) or value.dim() != 0 or isinstance(value, LazyTensor):
+        return
+    try:
+        torch.zeros(1, dtype=bound["self"].dtype).masked_fill_(torch.zeros(1, dtype=torch.bool),
+                                                              value)
+    except RuntimeError as e:
+        if "cannot be converted to type" in str(e):
+            raise_like_cpu(func, args, kwargs)
 
 
 @tracer.special(aten.masked_scatter.default, aten.masked_scatter_.default)
