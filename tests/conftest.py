@@ -147,8 +147,14 @@ def assert_same(actual, expected, rtol=1.3e-6, atol=1e-5, msg=""):
 def pytest_collection_modifyitems(config, items):
     """Tests of code the paths share run each case on one path in ``make test``, the paths
     taking turns (``sampling.alternate_paths``): the op families' lowering rules
-    (``tests/lowering``) and modules that set ``ALTERNATE_PATHS = True``."""
+    (``tests/lowering``) and modules that set ``ALTERNATE_PATHS = True``; cases a module lists
+    in ``SLOW_CASES`` run in ``make test-slow`` only."""
     from tests.sampling import alternate_paths
     lowering = os.path.join(os.path.dirname(__file__), "lowering") + os.sep
     alternate_paths([item for item in items if str(item.path).startswith(lowering)
                      or getattr(getattr(item, "module", None), "ALTERNATE_PATHS", False)])
+    # A module's SLOW_CASES (test ids) go to make test-slow: one path's run of a long case whose
+    # subject make test covers on that path elsewhere (each names where).
+    for item in items:
+        if item.name in getattr(getattr(item, "module", None), "SLOW_CASES", ()):
+            item.add_marker(pytest.mark.slow)

@@ -69,6 +69,9 @@ def test_training_loop_matches_cpu_eager_compiles_once_and_donates(case):
     assert all(g > 0 and g == grew[0] for g in grew), aliased
 
 
+# 15 s: make test-slow's. make test holds the same property on both paths in
+# test_spec_paths (50 optimizer steps) and test_reliability_long (300 steps).
+@pytest.mark.slow
 def test_live_device_buffers_do_not_grow_over_a_loop():
     import gc
 

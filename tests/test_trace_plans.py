@@ -405,6 +405,13 @@ def _lstm_sgd(dev):
                           (torch.randn(2, 5, 8).to(dev),), lambda m, x: m(x)[0].pow(2).mean())
 
 
+# The functional GPT's run (18 s) is make test-slow's: make test replays the functional path's
+# plans on the five other steps here, and trains that GPT in test_training and
+# test_dualrun_function.
+SLOW_CASES = {"test_training_steps_after_warm_up_replay_plans_and_run_no_meta_kernel"
+              "[functional-gpt adamw dropout]"}
+
+
 @pytest.mark.parametrize("make", [_mlp_sgd, _mlp_autocast_adamw, _gpt_adamw, _cnn_adam,
                                   _sdpa_adamw, _lstm_sgd],
                          ids=["mlp sgd", "mlp autocast adamw", "gpt adamw dropout", "cnn adam",
