@@ -12,7 +12,7 @@ from jax import lax
 from ..lazy import tracer
 from ..lazy.tensor import LazyTensor
 from ._helpers import cast, dim, to
-from .opmath import LOW, round_to
+from .opmath import store, work
 from .registry import aten, lowering
 
 # -- integer bit ops ------------------------------------------------------------------------------
@@ -120,20 +120,12 @@ def ldexp(x, other, *, aval):
         # A real self: pow(2.0, other) is computed in other's own dtype, then multiplied in the
         # result's (ldexp(float32, float16) scales by 2 ** 2.5 rounded to float16). A complex
         # self's scale is a complex pow, in the result's dtype (below).
-        scale = _rounded(jnp.power(2.0, _wide(other)), other.dtype)
-        return _rounded(_wide(cast(x, aval.dtype)) * _wide(cast(scale, aval.dtype)), aval.dtype)
+        scale = store(jnp.power(2.0, other.astype(work(other.dtype))), other.dtype)
+        wide = work(aval.dtype)
+        return store(cast(x, aval.dtype).astype(wide) * cast(scale, aval.dtype).astype(wide),
+                     aval.dtype)
     x, other = to(aval.dtype, x, other)
     return x * jnp.power(jnp.asarray(2, aval.dtype), other)
-
-
-def _wide(x):
-    """``x`` widened to float32 if float16/bfloat16 (eager's opmath), else as it is."""
-    return x.astype(jnp.float32) if x.dtype in LOW else x
-
-
-def _rounded(x, dtype):
-    """``x`` stored as ``dtype``: rounded once where that is float16/bfloat16."""
-    return round_to(x, dtype) if np.dtype(dtype) in LOW else cast(x, dtype)
 
 
 # -- complex numbers -------------------------------------------------------------------------------

@@ -240,6 +240,16 @@ def round_to(x, dtype):
     return lax.convert_element_type(jnp.where(jnp.abs(x) < 2.0 ** emin, tiny, normal), dt)
 
 
+def work(dtype):
+    """The dtype eager's kernels compute ``dtype`` tensors in (their opmath type)."""
+    return F32 if dtype in LOW else dtype
+
+
+def store(x, dtype):
+    """A computed value stored into a tensor of ``dtype`` (rounded once)."""
+    return round_to(x, dtype) if dtype in LOW else x.astype(dtype)
+
+
 def fma(a, b, c):
     """``a * b + c`` of float32 values rounded once, as the fused multiply-add eager's compiled
     kernels use (a product of two float32 is exact in float64; the sum is rounded to float32

@@ -20,20 +20,10 @@ import numpy as np
 import torch
 
 from . import _meta
-from .opmath import LOW, round_to
+from .opmath import store as _store, work as _work
 from .registry import aten, lowering
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
-
-
-def _work(dtype):
-    """The type eager's kernel computes in for tensors of ``dtype`` (its opmath type)."""
-    return F32 if dtype in LOW else dtype
-
-
-def _store(x, dtype):
-    """A computed value stored into a tensor of ``dtype`` (rounded once)."""
-    return round_to(x, dtype) if dtype in LOW else x.astype(dtype)
 
 
 def _c(x, work):

@@ -15,7 +15,7 @@ from jax import lax
 from ..lazy import tracer
 from . import _special_tables as tab
 from ._helpers import cast, to
-from .opmath import round_to
+from .opmath import store
 from .registry import aten, lowering
 
 
@@ -442,7 +442,7 @@ def mvlgamma(x, p, *, aval):
     # then add_ of the constant (a Scalar, converted to that dtype); in float16/bfloat16 each
     # of those steps rounds (opmath's _OWN_ROUNDING: this rule sees the node's own dtype).
     dtype, op = aval.dtype, _opmath(aval.dtype)
-    step = (lambda v: round_to(v, dtype)) if dtype != op else (lambda v: v)
+    step = (lambda v: store(v, dtype)) if dtype != op else (lambda v: v)
     j = jnp.arange(p, dtype=op) / 2
     terms = cast(step(lax.lgamma(cast(step(cast(x, op)[..., None] - j), op))), op)
     total = cast(step(jnp.sum(terms, axis=-1)), op)
