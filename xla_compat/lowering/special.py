@@ -442,11 +442,10 @@ def mvlgamma(x, p, *, aval):
     # then add_ of the constant (a Scalar, converted to that dtype); in float16/bfloat16 each
     # of those steps rounds (opmath's _OWN_ROUNDING: this rule sees the node's own dtype).
     dtype, op = aval.dtype, _opmath(aval.dtype)
-    step = (lambda v: store(v, dtype)) if dtype != op else (lambda v: v)
     j = jnp.arange(p, dtype=op) / 2
-    terms = cast(step(lax.lgamma(cast(step(cast(x, op)[..., None] - j), op))), op)
-    total = cast(step(jnp.sum(terms, axis=-1)), op)
-    const = cast(step(_c(p * (p - 1) / 4 * math.log(math.pi), total)), op)
+    terms = cast(store(lax.lgamma(cast(store(cast(x, op)[..., None] - j, dtype), op)), dtype), op)
+    total = cast(store(jnp.sum(terms, axis=-1), dtype), op)
+    const = cast(store(_c(p * (p - 1) / 4 * math.log(math.pi), total), dtype), op)
     return cast(total + const, dtype)
 
 
