@@ -10,6 +10,7 @@ new inner tensor inherits the old one's id (what ``_propagate_xla_data`` does fo
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
 from typing import Optional
 
@@ -26,6 +27,14 @@ from .inner import FunctionalInner, tracing
 _wrappers: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
 # id(wrapper) -> alias id of its buffer lineage.
 _alias_of_wrapper: dict[int, int] = {}
+# id(wrapper) -> the thread that made it. A wrapper's state (its inner tensor, its storage's
+# pending updates) lives in torch's C++ functionalization, which runs an op without the GIL or
+# the device lock: another thread touching it meanwhile races with the op (a write through a
+# view was lost). So a full sync settles only the wrappers its own thread made, and those of
+# threads that have ended (``settled_by_this_thread``); every thread's inner tensors still
+# materialise, under the device lock, and a wrapper's pending update is applied when its own
+# thread next reads or syncs it.
+_maker: dict[int, int] = {}
 # alias id -> the device value the lineage had after the last successful sync. An in-place op
 # replaces the wrapper's inner tensor by a new, pending one; if the next sync fails, the new inner
 # tensor returns to this value (the executor's rollback reads ``_last_data``).
@@ -45,6 +54,7 @@ def owns(t) -> bool:
 
 def _forget(key: int):
     def drop(_ref=None):
+        _maker.pop(key, None)
         aid = _alias_of_wrapper.pop(key, None)
         if aid is not None and aid not in _alias_of_wrapper.values():
             _last_by_alias.pop(aid, None)
@@ -56,6 +66,7 @@ def track(w: torch.Tensor) -> torch.Tensor:
     key = id(w)
     if key not in _wrappers:
         _wrappers[key] = w
+        _maker[key] = threading.get_ident()
         weakref.finalize(w, _forget(key))
         inner_t = torch._from_functional_tensor(w)
         aid = _alias_of_wrapper[key] = alias_id(inner_t)
@@ -142,10 +153,27 @@ def inner(t) -> LazyTensor:
     return sync_wrapper(t)
 
 
+def settled_by_this_thread() -> list:
+    """The tracked wrappers a full sync in this thread may touch: those this thread made, and
+    those of threads that have ended (see ``_maker``). In a one-thread program, all of them."""
+    me = threading.get_ident()
+    alive = None
+    out = []
+    for key, w in list(_wrappers.items()):
+        maker = _maker.get(key, me)
+        if maker != me:
+            if alive is None:
+                alive = {t.ident for t in threading.enumerate()}
+            if maker in alive:
+                continue
+        out.append((key, w))
+    return out
+
+
 def after_sync(mapping) -> None:
     """Executor rebinder: remember each lineage's freshly materialised value (for rollback)."""
     _in_flight.clear()
-    for key, w in list(_wrappers.items()):
+    for key, w in settled_by_this_thread():
         aid = _alias_of_wrapper.get(key)
         if aid is None:
             continue
@@ -156,7 +184,8 @@ def after_sync(mapping) -> None:
 
 def before_sync(tensors=None) -> None:
     """Apply pending alias updates of ``tensors`` (every tracked wrapper when None)."""
-    targets = list(_wrappers.values()) if tensors is None else [t for t in tensors if owns(t)]
+    targets = ([w for _, w in settled_by_this_thread()] if tensors is None
+               else [t for t in tensors if owns(t)])
     _in_flight.clear()
     for w in targets:
         inner_t = sync_wrapper(w)

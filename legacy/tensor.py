@@ -113,9 +113,12 @@ class LegacyTensor(LazyTensor):
         the tensor's: every metadata change takes the alias first, ``ops.restride``)."""
         a = self._a
         if a is None:
-            a = self._a = Alias(self._v, _new_tuple(Layout, (
-                tuple(self.shape), tuple(self.stride()), self.storage_offset())))
-            self._gen = a.gen
+            with lock:            # (its value: not one another thread's sync is rebinding)
+                a = self._a
+                if a is None:
+                    a = self._a = Alias(self._v, _new_tuple(Layout, (
+                        tuple(self.shape), tuple(self.stride()), self.storage_offset())))
+                    self._gen = a.gen
         return a
 
     def _refresh(self) -> None:

@@ -20,7 +20,7 @@ from .dispatch import PathUnavailableError, explain, path, to_path, use_path
 from .lazy import rng as _rng
 from . import dualrun as _dualrun
 from .dualrun import MismatchError, dual_run, dual_run_step, lockstep
-from .lazy.tensor import LazyTensor
+from .lazy.tensor import LazyTensor, lock as _device_lock
 from .errors import UnsupportedDtypeError, UnsupportedOpError
 from .lazy.tracer import LoweringError
 from .distributed.spmd import Mesh, clear_sharding, mark_sharding
@@ -51,12 +51,15 @@ def sync(tensors=None, wait: bool = False) -> None:
     """Cut the pending graph, compile it (cached) and run it: torch_xla's ``mark_step``."""
     for hook in _sync_hooks:
         tensors = hook.before(tensors)
-    if tensors is None and _executor.quiet():      # nothing made since the last full sync
-        metrics.inc("MarkStep")
-    else:
-        _paths.before_sync(tensors)
-        inner = _paths.inner_tensors(tensors) if tensors is not None else None
-        _executor.sync_tensors(inner, mark_step=tensors is None)
+    # One hold of the device lock from the paths' pre-sync work (legacy folds every storage's
+    # pending writes) to the rebinding: another thread's op cannot land in between and be lost.
+    with _device_lock:
+        if tensors is None and _executor.quiet():      # nothing made since the last full sync
+            metrics.inc("MarkStep")
+        else:
+            _paths.before_sync(tensors)
+            inner = _paths.inner_tensors(tensors) if tensors is not None else None
+            _executor.sync_tensors(inner, mark_step=tensors is None)
     if wait:
         _executor.wait_device_ops()
     for hook in _sync_hooks:
@@ -68,8 +71,9 @@ mark_step = sync
 
 def hlo_text(tensors) -> str:
     """StableHLO text of the graph that computes ``tensors`` (nothing runs)."""
-    _paths.before_sync(tensors)
-    return _executor.hlo_text(_paths.inner_tensors(tensors))
+    with _device_lock:
+        _paths.before_sync(tensors)
+        return _executor.hlo_text(_paths.inner_tensors(tensors))
 
 
 storage_id = _paths.storage_id

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from . import device as _device
-from .lazy.tensor import LazyTensor
+from .lazy.tensor import LazyTensor, lock as _device_lock
 
 
 def _identity(t):
@@ -159,8 +159,12 @@ def of(t: torch.Tensor) -> Optional[str]:
 
 
 def before_sync(tensors=None) -> None:
-    for impl in list(_registry.values()):
-        impl.before_sync(tensors)
+    """Every path settles ``tensors`` (all of its tensors when None) for a sync, holding the
+    device lock: a path's pre-sync work (legacy folds pending writes into each storage) must
+    not interleave with another thread recording a write."""
+    with _device_lock:
+        for impl in list(_registry.values()):
+            impl.before_sync(tensors)
 
 
 def inner_tensor(t) -> LazyTensor:
