@@ -250,6 +250,77 @@ def test_compile_cache_is_bounded_lru_and_counts_evictions(path, dev):
         assert metrics.counter("CompileCacheEviction") >= 2
 
 
+
+def _compiles() -> tuple:
+    return (metrics.counter("CompileTime"), metrics.counter("UncachedCompile"),
+            metrics.counter("CompileSameModuleReused"))
+
+
+def test_graphs_of_one_program_compile_once(path, dev):
+    # t, transpose and permute are three graph keys on the functional path (t_copy,
+    # transpose_copy, permute_copy nodes) and one program: it compiles once, and the other keys
+    # share its executable. (Legacy makes the three one view chain: one key, cache hits.)
+    executor.clear_cache()
+    x = torch.arange(6.0).reshape(2, 3)
+    d = x.to(dev)
+    xc.sync()
+    before = _compiles()
+    outs = [(f(d) + 1).cpu() for f in (lambda t: t.t(), lambda t: t.transpose(0, 1),
+                                        lambda t: t.permute(1, 0))]
+    compiled, missed, reused = (a - b for a, b in zip(_compiles(), before))
+    assert compiled == 1 and missed - reused == 1, (compiled, missed, reused)
+    for out in outs:
+        assert torch.equal(out, x.t() + 1)
+
+
+def test_a_cleared_cache_forgets_the_programs_it_held(path, dev):
+    executor.clear_cache()
+    d = torch.arange(6.0).reshape(2, 3).to(dev)
+    xc.sync()
+    (d.t() + 1).cpu()
+    executor.clear_cache()
+    before = _compiles()
+    (d.transpose(0, 1) + 1).cpu()
+    assert [a - b for a, b in zip(_compiles(), before)] == [1, 1, 0]
+
+
+def test_an_evicted_entry_takes_its_program_out_of_the_index(path, dev):
+    executor.clear_cache()
+    d = torch.arange(6.0).reshape(2, 3).to(dev)
+    xc.sync()
+    with settings.override(compile_cache_size=1):
+        (d.t() + 1).cpu()
+        (d * 5).cpu()                 # evicts the first graph
+        assert len(executor.cache._by_module) == 1
+        before = _compiles()
+        (d.transpose(0, 1) + 1).cpu()
+        assert [a - b for a, b in zip(_compiles(), before)][0] == 1
+
+
+def test_donation_is_part_of_the_program_a_graph_key_shares():
+    import jax
+    import jax.numpy as jnp
+    a = jnp.ones(4)
+
+    def f(x, y):
+        return x + y
+    plain = executor._module_digest(jax.jit(f).lower(a, a))
+    donated = executor._module_digest(jax.jit(f, donate_argnums=(0,)).lower(a, a))
+    assert plain != donated
+    assert plain == executor._module_digest(jax.jit(f).lower(a, a))
+
+
+def test_a_program_with_an_argument_it_does_not_use_is_never_shared():
+    # jax drops an unused argument from the module and remembers which it dropped outside the
+    # text: two graphs whose modules read the same but dropped different arguments would swap
+    # inputs (a matmul gradient read the wrong operand before this was checked).
+    import jax
+    import jax.numpy as jnp
+    a = jnp.ones(4)
+    assert executor._module_digest(jax.jit(lambda x, y: x * 2).lower(a, a)) is None
+    assert executor._module_digest(jax.jit(lambda x, y: y * 2).lower(a, a)) is None
+    assert executor._module_digest(jax.jit(lambda x: x * 2).lower(a)) is not None
+
 def test_metrics_report_has_the_torch_xla_sections(path, dev):
     executor.clear_cache()  # an earlier test may have compiled this very graph
     x = torch.randn(4).to(dev)

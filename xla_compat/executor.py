@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import hashlib
 import threading
 import time
 import weakref
@@ -320,6 +321,10 @@ class CompileCache:
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
         self._maps = 0
+        # digest of a cached executable's program -> the key of the entry holding it: two graph
+        # keys can lower to the same program (the functional path's t_copy, transpose_copy and
+        # permute_copy nodes of one transpose), which then compiles once (``same_module``)
+        self._by_module: dict = {}
 
     def get(self, key):
         with self._lock:
@@ -329,20 +334,38 @@ class CompileCache:
             self._entries.move_to_end(key)
             return entry[0]
 
+    def same_module(self, digest):
+        """(the jax executable a cached entry compiled from the module of this digest, the
+        mappings charged to it), or None."""
+        with self._lock:
+            key = self._by_module.get(digest)
+            entry = self._entries.get(key) if key is not None else None
+            return None if entry is None else (entry[0].xla_compat_module[1], entry[1])
+
     def put(self, key, compiled) -> None:
         limit = settings.get().compile_cache_size
         budget = maps_budget()
         cost = getattr(compiled, "xla_compat_maps", 1)
+        module = getattr(compiled, "xla_compat_module", None)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._maps -= old[1]
+                self._unindex(key, old[0])
             self._entries[key] = (compiled, cost)
             self._maps += cost
+            if module is not None:
+                self._by_module.setdefault(module[0], key)
             while len(self._entries) > limit or (self._maps > budget and len(self._entries) > 1):
-                _, (_, freed) = self._entries.popitem(last=False)
+                gone, (dropped, freed) = self._entries.popitem(last=False)
                 self._maps -= freed
+                self._unindex(gone, dropped)
                 metrics.inc("CompileCacheEviction")
+
+    def _unindex(self, key, compiled) -> None:
+        module = getattr(compiled, "xla_compat_module", None)
+        if module is not None and self._by_module.get(module[0]) == key:
+            del self._by_module[module[0]]
 
     def maps_held(self) -> int:
         """The memory mappings the cached executables added when they were compiled."""
@@ -354,6 +377,7 @@ class CompileCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._by_module.clear()
             self._maps = 0
 
 
@@ -465,19 +489,51 @@ def compile_graph(graph: Graph, params: list, baked: dict | None = None):
         fn, donate = packed_numbers.pack(fn, len(params), plan, graph.donate)
         params = packed_numbers.host_params(params, plan)
     lowered = _jit(graph, fn, donate).lower(*params)
-    persistent_cache.from_settings()
-    with persistent_cache.compiling():
-        compiled, maps = _maps_meter.compile(lowered)
+    # A program the cache already holds an executable for (another graph key lowered to it:
+    # ``_module_digest``) is not compiled again. SPMD graphs always compile: their executables
+    # also carry a device assignment.
+    digest = _module_digest(lowered) if graph.mesh is None else None
+    found = cache.same_module(digest) if digest is not None else None
+    if found is not None:
+        # (charged the mappings of the entry it shares: whichever entry outlives the other
+        # keeps them alive)
+        executable, maps = found
+        metrics.inc("CompileSameModuleReused")
+    else:
+        persistent_cache.from_settings()
+        with persistent_cache.compiling():
+            executable, maps = _maps_meter.compile(lowered)
+    compiled = executable
     if plan is not None:
-        compiled = packed_numbers.Packed(compiled, plan)
+        compiled = packed_numbers.Packed(executable, plan)
     elapsed = time.perf_counter_ns() - start
-    metrics.sample("CompileTime", elapsed)
+    if found is None:
+        metrics.sample("CompileTime", elapsed)
     compiled.xla_compat_compile_ns = elapsed
     compiled.xla_compat_maps = maps
+    compiled.xla_compat_module = (digest, executable) if digest is not None else None
     dump = settings.get().dump_path
     if dump:
         _dump(dump, graph, lowered)
     return compiled
+
+
+def _module_digest(lowered) -> bytes | None:
+    """A digest of the lowered program: its module's text (StableHLO without locations) and its
+    argument and result structure, equal for two graphs exactly when one's executable runs the
+    other; None where the lowering holds more than its text says, so it never shares: constants
+    jax passes as hidden arguments (their values are not in the text), or arguments the module
+    does not use (jax drops them, and which were dropped is not in the text either)."""
+    lowering = getattr(lowered, "_lowering", None)
+    const_args = getattr(lowering, "const_args", None)
+    kept = getattr(lowering, "compile_args", {}).get("kept_var_idx")
+    if const_args is None or len(const_args) or kept is None:
+        return None
+    if set(kept) != set(range(len(jax.tree.leaves(lowered.args_info)))):
+        return None
+    h = hashlib.sha256(lowered.as_text().encode())
+    h.update(f"{lowered.in_tree}|{lowered.out_tree}".encode())
+    return h.digest()
 
 
 def _bake(graph: Graph, fn, params: list, baked: dict):

@@ -86,13 +86,14 @@ class Packed:
     ~2 us each; ``jax.device_put`` of the same vector costs ~30 us in Python, which a step whose
     numbers change every call (AdamW's bias corrections) paid per kind, every step."""
 
-    __slots__ = ("executable", "plan", "xla_compat_compile_ns", "xla_compat_maps", "_last",
-                 "_arrays", "_numbers", "_complex")
+    __slots__ = ("executable", "plan", "xla_compat_compile_ns", "xla_compat_maps",
+                 "xla_compat_module", "_last", "_arrays", "_numbers", "_complex")
 
     def __init__(self, executable, plan):
         self.executable, self.plan = executable, plan
         self.xla_compat_compile_ns = None
         self.xla_compat_maps = 1
+        self.xla_compat_module = None
         self._last = None         # (numbers, their host vectors): one attribute, one store
         arrays, groups = plan
         self._arrays = _picker(arrays)
