@@ -340,7 +340,11 @@ class CompileCache:
         with self._lock:
             key = self._by_module.get(digest)
             entry = self._entries.get(key) if key is not None else None
-            return None if entry is None else (entry[0].xla_compat_module[1], entry[1])
+            if entry is None:
+                return None
+            compiled = entry[0]
+            raw = compiled.executable if type(compiled) is packed_numbers.Packed else compiled
+            return raw, entry[1]
 
     def put(self, key, compiled) -> None:
         limit = settings.get().compile_cache_size
@@ -355,7 +359,7 @@ class CompileCache:
             self._entries[key] = (compiled, cost)
             self._maps += cost
             if module is not None:
-                self._by_module.setdefault(module[0], key)
+                self._by_module.setdefault(module, key)
             while len(self._entries) > limit or (self._maps > budget and len(self._entries) > 1):
                 gone, (dropped, freed) = self._entries.popitem(last=False)
                 self._maps -= freed
@@ -364,8 +368,8 @@ class CompileCache:
 
     def _unindex(self, key, compiled) -> None:
         module = getattr(compiled, "xla_compat_module", None)
-        if module is not None and self._by_module.get(module[0]) == key:
-            del self._by_module[module[0]]
+        if module is not None and self._by_module.get(module) == key:
+            del self._by_module[module]
 
     def maps_held(self) -> int:
         """The memory mappings the cached executables added when they were compiled."""
@@ -511,7 +515,7 @@ def compile_graph(graph: Graph, params: list, baked: dict | None = None):
         metrics.sample("CompileTime", elapsed)
     compiled.xla_compat_compile_ns = elapsed
     compiled.xla_compat_maps = maps
-    compiled.xla_compat_module = (digest, executable) if digest is not None else None
+    compiled.xla_compat_module = digest
     dump = settings.get().dump_path
     if dump:
         _dump(dump, graph, lowered)
